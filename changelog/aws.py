@@ -1,0 +1,55 @@
+"""boto3 clients shared within a process, configured for retries with jittered backoff.
+
+Endpoints come from boto3's own conventions (`AWS_ENDPOINT_URL`, `AWS_ENDPOINT_URL_S3`,
+`AWS_ENDPOINT_URL_DYNAMODB`, ...), credentials from its standard chain.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import boto3
+from botocore.config import Config
+
+_lock = threading.Lock()
+_clients: dict[tuple[str, bool, str], object] = {}
+
+# Standard mode retries throttling and 5xx with exponential backoff and full jitter.
+_STEADY = Config(
+    retries={"max_attempts": 8, "mode": "standard"},
+    connect_timeout=5,
+    read_timeout=60,
+    max_pool_connections=32,
+)
+# For start-up checks: a wrong endpoint should fail in seconds, not minutes.
+_FAIL_FAST = Config(
+    retries={"max_attempts": 2, "mode": "standard"}, connect_timeout=2, read_timeout=10
+)
+
+
+def endpoint_for(service: str) -> str | None:
+    """The endpoint boto3 will use for `service` when one is configured, else None."""
+    env_name = {"dynamodb": "DYNAMODB", "s3": "S3", "kinesis": "KINESIS"}[service]
+    return os.environ.get(f"AWS_ENDPOINT_URL_{env_name}") or os.environ.get("AWS_ENDPOINT_URL")
+
+
+def client(service: str, *, fail_fast: bool = False):  # noqa: ANN201 - boto3 clients are untyped
+    """A cached client; the cache key includes the endpoint, so tests may switch emulators."""
+    key = (service, fail_fast, endpoint_for(service) or "")
+    with _lock:
+        found = _clients.get(key)
+        if found is None:
+            region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+            found = boto3.session.Session().client(
+                service,
+                region_name=region or "us-east-1",
+                config=_FAIL_FAST if fail_fast else _STEADY,
+            )
+            _clients[key] = found
+        return found
+
+
+def where(service: str) -> str:
+    """A human description of the endpoint, for error messages."""
+    return endpoint_for(service) or f"AWS {service} (default endpoint)"

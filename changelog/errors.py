@@ -1,0 +1,21 @@
+"""Errors raised by the durability layer. Messages name the object and what to do."""
+
+
+class ChangelogError(Exception):
+    """Base class for every error raised by `changelog`."""
+
+
+class ConfigurationError(ChangelogError):
+    """The durable resources are missing, unreachable or belong to a different setup."""
+
+
+class CorruptObjectError(ChangelogError):
+    """A durable object failed its magic, format or checksum check; it is never loaded."""
+
+
+class CommitConflictError(ChangelogError):
+    """A conditional commit lost: another attempt or query committed this slice first."""
+
+
+class ContinuityError(ChangelogError):
+    """The commit log of a slice has a gap; restore refuses rather than guess."""

@@ -1,0 +1,37 @@
+"""Loading a user's app: a Python file that defines `process(event, ctx)`."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from pyspark import cloudpickle
+
+from processor.errors import AppError
+from processor.runtime import Handler
+
+
+def load_handler(path: str | Path) -> Handler:
+    """Import the app file and return its `process` function.
+
+    The module is pickled by value, so executors need no copy of the file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise AppError(f"app file {path} does not exist")
+    name = f"shardless_app_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise AppError(f"{path} is not an importable Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise AppError(f"{path}: importing the app failed: {type(exc).__name__}: {exc}") from exc
+    handler = getattr(module, "process", None)
+    if not callable(handler):
+        raise AppError(f"{path}: define a function `process(event, ctx)`")
+    cloudpickle.register_pickle_by_value(module)
+    return handler

@@ -1,0 +1,77 @@
+"""A job's configuration, in one typed place, with defaults that work locally."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from changelog.layout import AppLocation
+from processor.errors import ConfigError
+from state.slices import DEFAULT_SLICES, check_slices
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """Everything a shardless job needs besides the handler.
+
+    app:        the application's name; it owns an S3 prefix and a DynamoDB table.
+    streams:    Kinesis streams to read.
+    slices:     hash slices of the application's state (fixed for the life of its state).
+    groups:     Spark shuffle partitions; each runs a contiguous run of slices.
+    checkpoint: Spark's checkpoint directory for this query.
+    local_dir:  where executors keep slice stores (a cache; losing it costs only time).
+    """
+
+    app: str
+    streams: tuple[str, ...]
+    checkpoint: str
+    slices: int = DEFAULT_SLICES
+    groups: int = 8
+    local_dir: str = field(
+        default_factory=lambda: os.environ.get("SHARDLESS_LOCAL_DIR", "/tmp/shardless-state")
+    )
+    bucket: str | None = None
+    prefix: str | None = None
+    table: str | None = None
+    starting_position: str = "TRIM_HORIZON"
+    max_records_per_shard: int = 10_000
+    max_bytes_per_shard: int = 10 * 1024 * 1024
+    idle_poll_ms: int = 1000
+
+    def __post_init__(self) -> None:
+        if not self.app or not all(c.isalnum() or c in "-_." for c in self.app):
+            raise ConfigError(
+                f"app name {self.app!r}: use letters, digits, '-', '_' or '.' (it names the "
+                "bucket and table)"
+            )
+        if not self.streams:
+            raise ConfigError("no Kinesis stream given: pass at least one --stream")
+        try:
+            check_slices(self.slices)
+        except ValueError as exc:
+            raise ConfigError(f"--slices: {exc}") from exc
+        if not 1 <= self.groups <= self.slices:
+            raise ConfigError(
+                f"--groups {self.groups}: must be between 1 and slices ({self.slices})"
+            )
+
+    @property
+    def location(self) -> AppLocation:
+        base = AppLocation.default(self.app)
+        return AppLocation(
+            app=self.app,
+            bucket=self.bucket or base.bucket,
+            prefix=base.prefix if self.prefix is None else self.prefix,
+            table=self.table or base.table,
+        )
+
+    def source_options(self) -> dict[str, str]:
+        return {
+            "streams": ",".join(self.streams),
+            "table": self.location.table,
+            "slices": str(self.slices),
+            "startingPosition": self.starting_position,
+            "maxRecordsPerShard": str(self.max_records_per_shard),
+            "maxBytesPerShard": str(self.max_bytes_per_shard),
+            "idlePollMs": str(self.idle_poll_ms),
+        }

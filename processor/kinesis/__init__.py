@@ -1,0 +1,1 @@
+"""The Kinesis source: shard discovery and lineage, planned reads, recorded batch ends."""

@@ -1,0 +1,34 @@
+"""Routing of Kinesis records to slices, exactly as Kinesis routes them to shards.
+
+A record's hash key is its ExplicitHashKey when set, else the MD5 of its partition key
+as a 128-bit big-endian integer. Its slice follows from the hash key and the slice count
+alone, so it never changes when shards split or merge.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from state.slices import HASH_SPACE, slice_of, slices_overlapping
+
+__all__ = ["hash_key", "route", "shard_slices", "slice_of"]
+
+
+def hash_key(partition_key: str, explicit_hash_key: str | None = None) -> int:
+    """The 128-bit hash key Kinesis uses to place a record."""
+    if explicit_hash_key:
+        h = int(explicit_hash_key)
+        if not 0 <= h < HASH_SPACE:
+            raise ValueError(f"explicit hash key {explicit_hash_key!r} is outside [0, 2**128)")
+        return h
+    return int.from_bytes(hashlib.md5(partition_key.encode("utf-8")).digest(), "big")
+
+
+def route(partition_key: str, explicit_hash_key: str | None, slices: int) -> int:
+    """The slice of a record."""
+    return slice_of(hash_key(partition_key, explicit_hash_key), slices)
+
+
+def shard_slices(starting_hash_key: str, ending_hash_key: str, slices: int) -> range:
+    """The slices whose hash ranges a shard's inclusive hash-key range overlaps."""
+    return slices_overlapping(int(starting_hash_key), int(ending_hash_key), slices)

@@ -1,0 +1,35 @@
+"""A SparkSession configured for shardless."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pyspark.sql import SparkSession
+
+from processor.kinesis.source import KinesisDataSource
+
+
+def session(master: str = "local[2]", groups: int = 8, app_name: str = "shardless") -> SparkSession:
+    """Create (or reuse) the process's session, with the Kinesis source registered.
+
+    Workers must run this interpreter (its packages), and Python workers are reused so that
+    slice stores stay open between batches.
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    spark = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.sql.shuffle.partitions", str(groups))
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("WARN")
+    spark.dataSource.register(KinesisDataSource)
+    return spark
