@@ -20,7 +20,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import boto3
@@ -85,8 +85,9 @@ class LocalAws:
     def stop(self) -> None:
         """SIGTERM our processes, SIGKILL whatever is left after a grace period; idempotent.
 
-        kinesis-local may take ~10 s to honour SIGTERM and keeps nothing worth flushing, so it
-        only gets a short grace. Pids are forgotten afterwards, so a second call does nothing.
+        kinesis-local, once it has served requests, ignores SIGTERM for 20 s and more (measured)
+        and keeps nothing worth flushing, so it only gets a short grace. Pids are forgotten
+        afterwards, so a second call does nothing.
         """
         grace_s = 0.5 if self.kinesis_flavour == "kinesis-local" else 5.0
         live = [pid for pid in self.pids if _alive(pid) and _is_ours(pid)]
@@ -109,12 +110,12 @@ class LocalAws:
 
     def to_json(self) -> str:
         """Serialise so another process (e.g. `shardless local stop`) can use or stop these."""
-        data = asdict(self)
-        del data["_procs"]
-        return json.dumps(data, indent=2)
+        names = ("kinesis_endpoint", "s3_endpoint", "dynamodb_endpoint", "kinesis_flavour", "pids")
+        return json.dumps({name: getattr(self, name) for name in names}, indent=2)
 
     @classmethod
     def from_json(cls, text: str) -> LocalAws:
+        """Rebuild from `to_json`; stop() then works from any process, pids permitting."""
         data = json.loads(text)
         return cls(
             kinesis_endpoint=data["kinesis_endpoint"],
@@ -143,6 +144,14 @@ def tools_dir() -> Path:
     return here.parents[1] / ".tools"  # does not exist; named in the "run make setup" error
 
 
+_KINESALITE_LOOPBACK = """
+const [pkg, port, host] = process.argv.slice(1);
+const options = {createStreamMs: 20, updateStreamMs: 20, deleteStreamMs: 20, shardLimit: 100};
+require(pkg + "/index.js")(options).listen(Number(port), host, () =>
+  console.log("Listening at http://" + host + ":" + port));
+"""
+
+
 def start(
     kinesis: str = "kinesalite", *, log_dir: Path | None = None, timeout_s: float = 60
 ) -> LocalAws:
@@ -157,7 +166,7 @@ def start(
     if node is None:
         raise LocalAwsError("node not found on PATH: install Node 18+")
     package = tools_dir() / "node_modules" / kinesis
-    main_file = package / ("cli.js" if kinesis == "kinesalite" else "main.js")
+    main_file = package / ("index.js" if kinesis == "kinesalite" else "main.js")
     if not main_file.is_file():
         raise LocalAwsError(f"{kinesis} not found under {tools_dir()}: run `make setup`")
 
@@ -172,9 +181,8 @@ def start(
         pids=[],
     )
     if kinesis == "kinesalite":
-        kinesis_cmd = [node, str(main_file), "--port", str(kinesis_port)]
-        kinesis_cmd += ["--createStreamMs", "20", "--updateStreamMs", "20"]
-        kinesis_cmd += ["--deleteStreamMs", "20", "--shardLimit", "100"]
+        # kinesalite's cli.js listens on every interface; its library lets us bind loopback.
+        kinesis_cmd = [node, "-e", _KINESALITE_LOOPBACK, str(package), str(kinesis_port), HOST]
         kinesis_env: dict[str, str] = {}
     else:
         kinesis_cmd = [node, str(main_file)]

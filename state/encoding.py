@@ -34,9 +34,10 @@ def decode(raw: bytes, *, key: str = "?") -> Any:
     if not raw or raw[0] != MSGPACK:
         fmt = raw[0] if raw else None
         raise EncodingError(f"key {key!r}: unknown value format byte {fmt!r}")
+    if len(raw) > MAX_VALUE_BYTES + 1:
+        raise EncodingError(f"key {key!r}: stored value is {len(raw)} bytes, over the limit")
     try:
-        return msgpack.unpackb(
-            raw[1:], raw=False, strict_map_key=False, max_buffer_size=MAX_VALUE_BYTES
-        )
+        # unpackb bounds every container and string by the input's length: no memory bombs.
+        return msgpack.unpackb(raw[1:], raw=False, strict_map_key=False)
     except (ValueError, msgpack.UnpackException) as exc:
         raise EncodingError(f"key {key!r}: stored value is not valid msgpack ({exc})") from exc

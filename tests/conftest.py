@@ -1,0 +1,74 @@
+"""Shared fixtures: one set of local AWS emulators and one SparkSession per test run."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import boto3
+import pytest
+
+from changelog import resources
+from changelog.layout import AppLocation
+from processor import local_aws
+
+
+@pytest.fixture(scope="session")
+def aws(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_aws.LocalAws]:
+    """moto server (S3, DynamoDB) and kinesalite on loopback, exported through the
+    standard AWS_ENDPOINT_URL_* variables for this process and the Spark it starts."""
+    started = local_aws.start("kinesalite", log_dir=tmp_path_factory.mktemp("local-aws"))
+    saved = {k: os.environ.get(k) for k in started.env()}
+    started.apply_env()
+    yield started
+    started.stop()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def spark(aws: local_aws.LocalAws):  # noqa: ANN201
+    from processor.spark import session
+
+    s = session("local[2]", groups=4, app_name="shardless-tests")
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def location(aws: local_aws.LocalAws) -> AppLocation:
+    """A fresh application (bucket, table, 16 slices) for one test."""
+    loc = AppLocation.default(f"t-{uuid.uuid4().hex[:10]}")
+    resources.ensure(loc, 16)
+    return loc
+
+
+@pytest.fixture
+def kinesis(aws: local_aws.LocalAws):  # noqa: ANN201
+    return boto3.client("kinesis")
+
+
+@pytest.fixture
+def make_stream(kinesis) -> Callable[[int], str]:  # noqa: ANN001
+    """Create a stream with n shards and wait until it is ACTIVE; return its name."""
+
+    def make(shards: int = 2) -> str:
+        name = f"s-{uuid.uuid4().hex[:10]}"
+        kinesis.create_stream(StreamName=name, ShardCount=shards)
+        for _ in range(200):
+            if (
+                kinesis.describe_stream_summary(StreamName=name)["StreamDescriptionSummary"][
+                    "StreamStatus"
+                ]
+                == "ACTIVE"
+            ):
+                return name
+            time.sleep(0.05)
+        raise TimeoutError(f"stream {name} not ACTIVE")
+
+    return make
