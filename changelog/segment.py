@@ -95,6 +95,8 @@ def decode_info(raw: bytes, *, where: str) -> dict[str, Any]:
         raise CorruptObjectError(f"{where}: not a shardless changelog segment (magic {magic!r})")
     if fmt != FORMAT:
         raise CorruptObjectError(f"{where}: unsupported segment format {fmt}; upgrade shardless")
+    if len(raw) < _HEADER.size + length + 4:
+        raise CorruptObjectError(f"{where}: segment header truncated or its length is corrupt")
     meta = raw[_HEADER.size : _HEADER.size + length]
     (crc,) = struct.unpack_from(">I", raw, _HEADER.size + length)
     if zlib.crc32(meta) != crc:

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from changelog.durable import DurableState, SliceCommit
-from changelog.layout import AppLocation
+from changelog.layout import AppLocation, Head
 from processor.api import Context, Event
 from processor.errors import ProcessorError
 from processor.stores import cache_for
@@ -50,6 +50,22 @@ class RuntimeConfig:
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, default=str, separators=(",", ":"))
+
+
+def _plan(s: int, head: Head | None, query: str, batch: int) -> tuple[int, int, bool]:
+    """The version slice `s` must start this batch from, and whether this is a re-run.
+
+    A head written by this very batch of this query means Spark is running the batch
+    again: start from the version before it and commit in its place.
+    """
+    if head is not None and head.query == query and head.batch > batch:
+        raise ProcessorError(
+            f"slice {s}: committed by batch {head.batch} of this query, but Spark is running "
+            f"batch {batch}; the checkpoint is older than the state"
+        )
+    rerun = head is not None and head.query == query and head.batch == batch
+    base = 0 if head is None else head.version - (1 if rerun else 0)
+    return s, base, rerun
 
 
 class GroupRunner:
@@ -94,23 +110,18 @@ class GroupRunner:
                 "data",
             )
         }
-        arrivals = pdf["arrival"].dt.to_pydatetime()
+        arrivals = pdf["arrival"].tolist()
         rows: list[tuple] = []
         commits: list[SliceCommit] = []
         metrics = {"group": group, "records": len(pdf), "slices": len(slices), "restores": []}
-        for s, lo, hi in zip(slices, bounds[:-1], bounds[1:], strict=True):
-            head = heads.get(s)
-            if head is not None and head.query == query and head.batch > batch:
-                raise ProcessorError(
-                    f"slice {s}: committed by batch {head.batch} of this query, but Spark is "
-                    f"running batch {batch}; the checkpoint is older than the state"
-                )
-            rerun = head is not None and head.query == query and head.batch == batch
-            base = 0 if head is None else head.version - (1 if rerun else 0)
-            store, restored = cache.acquire(s, base, durable)
+        plans = [_plan(s, heads.get(s), query, batch) for s in slices]
+        stores = cache.acquire_many([(s, base) for s, base, _ in plans], durable)
+        for _store, restored in stores.values():
             if restored is not None:
                 metrics["restores"].append(restored.__dict__)
-            tx = Transaction(store)
+        for (s, base, rerun), lo, hi in zip(plans, bounds[:-1], bounds[1:], strict=True):
+            head = heads.get(s)
+            tx = Transaction(stores[s][0])
             ctx = Context(s, batch, tx)
             handler = self.handler
             for i in range(lo, hi):
@@ -138,7 +149,7 @@ class GroupRunner:
             rows += [("out", s, batch, j, k, _dumps(v)) for j, (k, v) in enumerate(ctx._outputs)]
         metrics["segment_bytes"] = durable.commit(query, batch, group, commits)
         for c in commits:
-            cache.acquire(c.slice, c.version - 1, durable)[0].commit(c.changes, c.version)
+            stores[c.slice][0].commit(c.changes, c.version)
         metrics["committed_slices"] = len(commits)
         metrics["seconds"] = time.perf_counter() - started
         rows.append(("metrics", -1, batch, 0, "", _dumps(metrics)))

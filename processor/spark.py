@@ -26,6 +26,7 @@ def session(master: str = "local[2]", groups: int = 8, app_name: str = "shardles
         .config("spark.sql.shuffle.partitions", str(groups))
         .config("spark.python.worker.reuse", "true")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
         .getOrCreate()

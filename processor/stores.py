@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from changelog.durable import DurableState
@@ -19,6 +20,8 @@ from state.errors import CorruptStoreError
 from state.store import SliceStore
 
 log = logging.getLogger(__name__)
+
+RESTORE_THREADS = 8
 
 
 def _alive(pid: int) -> bool:
@@ -108,6 +111,18 @@ class StoreCache:
             stats.seconds,
         )
         return store, stats
+
+    def acquire_many(
+        self, wanted: list[tuple[int, int]], durable: DurableState
+    ) -> dict[int, tuple[SliceStore, RestoreStats | None]]:
+        """`acquire` for several slices; restores run in parallel threads (they wait on I/O)."""
+        if len(wanted) <= 1 or all(
+            s in self._open and self._open[s].version == v for s, v in wanted
+        ):
+            return {s: self.acquire(s, v, durable) for s, v in wanted}
+        with ThreadPoolExecutor(max_workers=min(RESTORE_THREADS, len(wanted))) as pool:
+            futures = {s: pool.submit(self.acquire, s, v, durable) for s, v in wanted}
+            return {s: f.result() for s, f in futures.items()}
 
     def close_all(self) -> None:
         for store in self._open.values():

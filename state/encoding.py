@@ -30,6 +30,10 @@ def encode(value: Any, *, key: str = "?") -> bytes:
     return bytes((MSGPACK,)) + payload
 
 
+def _no_ext(code: int, data: bytes) -> Any:
+    raise ValueError(f"msgpack extension type {code} is not a shardless value")
+
+
 def decode(raw: bytes, *, key: str = "?") -> Any:
     if not raw or raw[0] != MSGPACK:
         fmt = raw[0] if raw else None
@@ -38,6 +42,6 @@ def decode(raw: bytes, *, key: str = "?") -> Any:
         raise EncodingError(f"key {key!r}: stored value is {len(raw)} bytes, over the limit")
     try:
         # unpackb bounds every container and string by the input's length: no memory bombs.
-        return msgpack.unpackb(raw[1:], raw=False, strict_map_key=False)
-    except (ValueError, msgpack.UnpackException) as exc:
+        return msgpack.unpackb(raw[1:], raw=False, strict_map_key=False, ext_hook=_no_ext)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise EncodingError(f"key {key!r}: stored value is not valid msgpack ({exc})") from exc

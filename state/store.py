@@ -61,7 +61,7 @@ class SliceStore:
 
     def items(self, lo: bytes = DATA, hi: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """Entries with `lo <= key < hi` in key order (all user entries by default)."""
-        ro = ReadOptions(raw_mode=True)
+        ro = ReadOptions()
         if hi is None:
             hi = bytes([DATA[0] + 1])
         ro.set_iterate_upper_bound(hi)

@@ -47,6 +47,8 @@ def initial_position(spec: str, now: float | None = None) -> dict[str, Any]:
                     f"startingPosition {spec!r}: expected AT_TIMESTAMP:<epoch seconds or ISO "
                     "8601 time>"
                 ) from exc
+        if ts != ts or ts in (float("inf"), float("-inf")):
+            raise ConfigError(f"startingPosition {spec!r}: not a finite time")
         return {"type": "AT_TIMESTAMP", "ts": ts}
     raise ConfigError(
         f"startingPosition {spec!r}: expected TRIM_HORIZON, LATEST or AT_TIMESTAMP:<time>"

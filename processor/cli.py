@@ -1,0 +1,138 @@
+"""The `shardless` command line.
+
+shardless local up [--kinesis kinesalite|kinesis-local]   # prints `export ...` lines
+shardless local down
+shardless run app.py --app NAME --stream NAME [options]
+shardless demo
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from changelog.errors import ChangelogError
+from processor import local_aws
+from processor.errors import ProcessorError
+
+STATE_FILE = Path(".shardless/local.json")
+
+
+def _local_up(args: argparse.Namespace) -> int:
+    state = Path(args.state_file)
+    if state.exists():
+        print(f"{state} exists: emulators may be running; run `shardless local down` first")
+        return 1
+    aws = local_aws.start(args.kinesis, log_dir=state.parent / "logs")
+    state.parent.mkdir(parents=True, exist_ok=True)
+    state.write_text(aws.to_json())
+    for name, value in aws.env().items():
+        print(f"export {name}={value}")
+    print(
+        f"# started {aws.kinesis_flavour} and moto server; stop with `shardless local down`",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _local_down(args: argparse.Namespace) -> int:
+    state = Path(args.state_file)
+    if not state.exists():
+        print(f"no {state}: nothing started by `shardless local up` here", file=sys.stderr)
+        return 0
+    local_aws.LocalAws.from_json(state.read_text()).stop()
+    state.unlink()
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from processor.app import load_handler
+    from processor.config import JobConfig
+    from processor.job import console_sink, parquet_sink, start
+    from processor.spark import session
+
+    handler = load_handler(args.app_file)
+    cfg = JobConfig(
+        app=args.app,
+        streams=tuple(args.stream),
+        checkpoint=args.checkpoint or f"/tmp/shardless-checkpoints/{args.app}",
+        slices=args.slices,
+        groups=args.groups,
+        starting_position=args.starting_position,
+        max_records_per_shard=args.max_records_per_shard,
+        **({"local_dir": args.local_dir} if args.local_dir else {}),
+    )
+    spark = session(args.master, groups=cfg.groups, app_name=f"shardless-{cfg.app}")
+    sink = parquet_sink(args.output) if args.output else console_sink
+    query = start(
+        spark,
+        handler,
+        cfg,
+        sink=sink,
+        available_now=args.available_now,
+        processing_time=args.trigger,
+    )
+    query.awaitTermination()
+    return 0
+
+
+def _demo(_: argparse.Namespace) -> int:
+    from processor import demo
+
+    return demo.main()
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="shardless", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    local = sub.add_parser("local", help="local AWS emulators on 127.0.0.1")
+    local_sub = local.add_subparsers(dest="action", required=True)
+    up = local_sub.add_parser("up", help="start moto server and a Kinesis emulator")
+    up.add_argument("--kinesis", choices=local_aws.KINESIS_FLAVOURS, default="kinesalite")
+    up.add_argument("--state-file", default=str(STATE_FILE))
+    up.set_defaults(func=_local_up)
+    down = local_sub.add_parser("down", help="stop what `local up` started")
+    down.add_argument("--state-file", default=str(STATE_FILE))
+    down.set_defaults(func=_local_down)
+
+    run = sub.add_parser("run", help="run an app file's process(event, ctx) over Kinesis")
+    run.add_argument("app_file")
+    run.add_argument("--app", required=True, help="application name (owns bucket and table)")
+    run.add_argument("--stream", action="append", required=True, help="Kinesis stream (repeat)")
+    run.add_argument("--slices", type=int, default=256)
+    run.add_argument("--groups", type=int, default=8, help="Spark shuffle partitions")
+    run.add_argument("--checkpoint", help="Spark checkpoint directory")
+    run.add_argument("--local-dir", help="where executors keep slice stores")
+    run.add_argument("--output", help="write outputs as Parquet here (default: console)")
+    run.add_argument("--starting-position", default="TRIM_HORIZON")
+    run.add_argument("--max-records-per-shard", type=int, default=10_000)
+    run.add_argument("--master", default="local[2]")
+    when = run.add_mutually_exclusive_group()
+    when.add_argument("--available-now", action="store_true", help="process what is there, stop")
+    when.add_argument("--trigger", help="processing-time trigger, e.g. '5 seconds'")
+    run.set_defaults(func=_run)
+
+    demo = sub.add_parser("demo", help="the end-to-end demo on local emulators")
+    demo.set_defaults(func=_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    for noisy in ("py4j", "botocore", "urllib3", "boto3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        return args.func(args)
+    except (ProcessorError, ChangelogError, local_aws.LocalAwsError) as exc:
+        print(f"shardless: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
