@@ -1,9 +1,9 @@
-"""Read and commit an application's durable state: S3 segments and DynamoDB commit records.
+"""Read and commit an application's durable state: S3 segments and DynamoDB slice heads.
 
 A Spark task commits all the slices it changed in a batch with one S3 PUT and one
-DynamoDB transaction per 50 slices; slices without changes cost nothing. Each slice's
-head update is conditional on the head the task started from, so a stale attempt cannot
-commit over a newer one.
+DynamoDB transaction per 100 slices; slices without changes cost nothing. Each head
+update is conditional on the head the task started from, so a stale attempt cannot
+commit over a newer one, and its segment is never referenced.
 """
 
 from __future__ import annotations
@@ -13,33 +13,37 @@ from dataclasses import dataclass
 from botocore.exceptions import ClientError
 
 from changelog import aws
-from changelog.errors import CommitConflictError, ContinuityError
+from changelog.errors import CommitConflictError
 from changelog.layout import (
     HEAD_SK,
     AppLocation,
     Head,
     LogEntry,
+    encode_log,
     head_from_item,
-    log_entry_from_item,
-    log_entry_item,
+    new_uid,
+    next_log,
     segment_key,
     slice_pk,
-    version_sk,
 )
 from changelog.segment import decode_section, encode_segment
 from state.store import Change
 
-_SLICES_PER_TRANSACTION = 50  # two items per slice, DynamoDB allows 100 per transaction
+_SLICES_PER_TRANSACTION = 100  # DynamoDB's limit of items per transaction
 
 
 @dataclass(frozen=True)
 class SliceCommit:
-    """What one slice commits in a batch: its new version, based on `expected`."""
+    """What one slice commits in a batch: its new version, based on `expected`.
+
+    With `base`, `changes` is the slice's whole state at `version` rather than a delta.
+    """
 
     slice: int
     version: int
     expected: Head | None
     changes: list[Change]
+    base: bool = False
 
 
 class DurableState:
@@ -68,44 +72,23 @@ class DurableState:
                 request = out.get("UnprocessedKeys") or {}
         return found
 
-    def log(self, slice_id: int, first: int, last: int) -> list[LogEntry]:
-        """Log entries of versions `first..last` inclusive; refuses a gap."""
-        if first > last:
-            return []
-        entries: list[LogEntry] = []
-        kwargs = {
-            "TableName": self.loc.table,
-            "KeyConditionExpression": "pk = :pk AND sk BETWEEN :lo AND :hi",
-            "ExpressionAttributeValues": {
-                ":pk": {"S": slice_pk(slice_id)},
-                ":lo": {"S": version_sk(first)},
-                ":hi": {"S": version_sk(last)},
-            },
-            "ConsistentRead": True,
-        }
-        while True:
-            out = self._ddb.query(**kwargs)
-            entries += [log_entry_from_item(i) for i in out["Items"]]
-            if "LastEvaluatedKey" not in out:
-                break
-            kwargs["ExclusiveStartKey"] = out["LastEvaluatedKey"]
-        got = [e.version for e in entries]
-        if got != list(range(first, last + 1)):
-            missing = sorted(set(range(first, last + 1)) - set(got))[:5]
-            raise ContinuityError(
-                f"slice {slice_id}: commit log in table {self.loc.table} lacks versions "
-                f"{missing} of {first}..{last}; refusing to restore a state with a gap"
-            )
-        return entries
-
-    def read_changes(self, entry: LogEntry) -> list[Change]:
+    def read_changes(self, slice_id: int, entry: LogEntry) -> list[Change]:
         """Fetch and verify one slice's section of a segment by byte range."""
+        key = entry.key(self.loc)
         end = entry.offset + entry.length - 1
-        raw = self._s3.get_object(
-            Bucket=self.loc.bucket, Key=entry.segment, Range=f"bytes={entry.offset}-{end}"
-        )["Body"].read()
-        where = f"s3://{self.loc.bucket}/{entry.segment} (slice {entry.slice} v{entry.version})"
-        return decode_section(raw, slice_id=entry.slice, version=entry.version, where=where)
+        where = f"s3://{self.loc.bucket}/{key} (slice {slice_id} v{entry.version})"
+        try:
+            raw = self._s3.get_object(
+                Bucket=self.loc.bucket, Key=key, Range=f"bytes={entry.offset}-{end}"
+            )["Body"].read()
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] in {"NoSuchKey", "404"}:
+                raise CommitConflictError(
+                    f"{where} is referenced by the slice's head but missing; run "
+                    "`shardless state verify`"
+                ) from exc
+            raise
+        return decode_section(raw, slice_id=slice_id, version=entry.version, where=where)
 
     def commit(self, query: str, batch: int, group: int, commits: list[SliceCommit]) -> int:
         """Persist the changes of several slices; return the bytes written to S3.
@@ -115,41 +98,52 @@ class DurableState:
         """
         if not commits:
             return 0
+        uid = new_uid()
         info = {"app": self.loc.app, "query": query, "batch": batch, "group": group}
         body, refs = encode_segment(info, [(c.slice, c.version, c.changes) for c in commits])
-        key = segment_key(self.loc, batch, group)
-        self._s3.put_object(Bucket=self.loc.bucket, Key=key, Body=body)
-        for i in range(0, len(commits), _SLICES_PER_TRANSACTION):
-            chunk = list(zip(commits, refs, strict=True))[i : i + _SLICES_PER_TRANSACTION]
-            items = []
-            for c, ref in chunk:
-                entry = LogEntry(
-                    c.slice, c.version, key, ref.offset, ref.length, ref.records, query, batch
-                )
-                items.append({"Put": {"TableName": self.loc.table, "Item": log_entry_item(entry)}})
-                items.append({"Update": self._head_update(c, query, batch)})
+        self._s3.put_object(
+            Bucket=self.loc.bucket, Key=segment_key(self.loc, batch, group, uid), Body=body
+        )
+        updates = []
+        for c, ref in zip(commits, refs, strict=True):
+            entry = LogEntry(
+                c.version, batch, group, uid, ref.offset, ref.length, ref.records, c.base
+            )
+            old = c.expected.log if c.expected else ()
+            updates.append({"Update": self._head_update(c, query, batch, next_log(old, entry))})
+        for i in range(0, len(updates), _SLICES_PER_TRANSACTION):
+            chunk = updates[i : i + _SLICES_PER_TRANSACTION]
             try:
-                self._ddb.transact_write_items(TransactItems=items)
+                self._ddb.transact_write_items(TransactItems=chunk)
             except ClientError as exc:
                 if exc.response["Error"]["Code"] == "TransactionCanceledException":
+                    lost = [c.slice for c in commits[i : i + _SLICES_PER_TRANSACTION]]
                     raise CommitConflictError(
-                        f"batch {batch}: commit of slices {[c.slice for c, _ in chunk]} lost to "
-                        f"another writer (a retried, speculative or newer attempt); this "
-                        f"attempt's output is discarded"
+                        f"batch {batch}: commit of slices {lost} lost to another writer (a "
+                        "retried, speculative or newer attempt); this attempt's output is "
+                        "discarded"
                     ) from exc
                 raise
         return len(body)
 
-    def _head_update(self, c: SliceCommit, query: str, batch: int) -> dict:
+    def _head_update(
+        self, c: SliceCommit, query: str, batch: int, log: tuple[LogEntry, ...]
+    ) -> dict:
         update = {
             "TableName": self.loc.table,
             "Key": {"pk": {"S": slice_pk(c.slice)}, "sk": {"S": HEAD_SK}},
-            "UpdateExpression": "SET #v = :v, #q = :q, #b = :b",
-            "ExpressionAttributeNames": {"#v": "version", "#q": "query", "#b": "batch"},
+            "UpdateExpression": "SET #v = :v, #q = :q, #b = :b, #l = :l",
+            "ExpressionAttributeNames": {
+                "#v": "version",
+                "#q": "query",
+                "#b": "batch",
+                "#l": "log",
+            },
             "ExpressionAttributeValues": {
                 ":v": {"N": str(c.version)},
                 ":q": {"S": query},
                 ":b": {"N": str(batch)},
+                ":l": {"B": encode_log(log)},
             },
         }
         if c.expected is None:

@@ -1,4 +1,4 @@
-"""Bring a local slice store to a committed version by replaying its changelog tail.
+"""Bring a local slice store to a committed version from its head's log.
 
 Restore always has an explicit end point, the version recorded in the slice's head; it
 never reads "until it looks finished".
@@ -10,11 +10,17 @@ import time
 from dataclasses import dataclass
 
 from changelog.durable import DurableState
+from changelog.errors import ContinuityError
+from changelog.layout import Head, restore_path
 from state.store import SliceStore
 
 
 class StoreAheadError(Exception):
     """The local store holds versions that are not (or no longer) committed."""
+
+
+class RebuildRequired(Exception):
+    """The store must be emptied first: the log starts from a base past its version."""
 
 
 @dataclass
@@ -28,17 +34,28 @@ class RestoreStats:
     seconds: float = 0.0
 
 
-def catch_up(store: SliceStore, durable: DurableState, slice_id: int, target: int) -> RestoreStats:
-    """Replay versions `store.version + 1 .. target` into `store`, one atomic write each."""
+def catch_up(store: SliceStore, durable: DurableState, head: Head, target: int) -> RestoreStats:
+    """Replay `head.log` into `store` up to version `target`, one atomic write per entry."""
     start = time.perf_counter()
     local = store.version
-    stats = RestoreStats(slice_id, local, target)
+    stats = RestoreStats(head.slice, local, target)
     if local > target:
         raise StoreAheadError(
-            f"slice {slice_id}: local store at version {local} is ahead of committed {target}"
+            f"slice {head.slice}: local store at version {local} is ahead of committed {target}"
         )
-    for entry in durable.log(slice_id, local + 1, target):
-        changes = durable.read_changes(entry)
+    try:
+        fresh, path = restore_path(head.log, local, target)
+    except ValueError as exc:
+        raise ContinuityError(
+            f"slice {head.slice}: {exc} (table {durable.loc.table}); refusing to restore a "
+            "state with a gap"
+        ) from exc
+    if fresh and local != 0:
+        raise RebuildRequired(
+            f"slice {head.slice}: restore starts from a base at v{path[0].version}"
+        )
+    for entry in path:
+        changes = durable.read_changes(head.slice, entry)
         store.commit(changes, entry.version)
         stats.segments += 1
         stats.records += len(changes)

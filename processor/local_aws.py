@@ -44,7 +44,7 @@ _KINESIS_LOCAL_ENV = {
 }
 # Substrings of the command lines we start; stop() signals a pid only if it still matches, so
 # a stale JSON file (pid reused after a reboot) cannot make us kill an unrelated process.
-_OUR_COMMANDS = (b"moto.server", b"kinesalite", b"kinesis-local")
+_OUR_COMMANDS = (b"moto_server", b"kinesalite", b"kinesis-local")
 
 
 class LocalAwsError(Exception):
@@ -192,7 +192,7 @@ def start(
             "KINESIS_MOCK_PLAIN_PORT": str(kinesis_port),
             "KINESIS_MOCK_TLS_PORT": str(tls_port),
         }
-    moto_cmd = [sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(moto_port)]
+    moto_cmd = [sys.executable, "-m", "processor.moto_server", "-H", HOST, "-p", str(moto_port)]
     try:
         moto_log, kinesis_log = logs / "moto.log", logs / f"{kinesis}.log"
         moto = _spawn(aws, moto_cmd, moto_log, {})

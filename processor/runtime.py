@@ -46,6 +46,7 @@ class RuntimeConfig:
     location: AppLocation
     slices: int
     local_dir: str
+    log_entries_per_base: int = 32
 
 
 def _dumps(value: Any) -> str:
@@ -113,9 +114,10 @@ class GroupRunner:
         arrivals = pdf["arrival"].tolist()
         rows: list[tuple] = []
         commits: list[SliceCommit] = []
+        deltas: list[list] = []
         metrics = {"group": group, "records": len(pdf), "slices": len(slices), "restores": []}
         plans = [_plan(s, heads.get(s), query, batch) for s in slices]
-        stores = cache.acquire_many([(s, base) for s, base, _ in plans], durable)
+        stores = cache.acquire_many([(s, heads.get(s), base) for s, base, _ in plans], durable)
         for _store, restored in stores.values():
             if restored is not None:
                 metrics["restores"].append(restored.__dict__)
@@ -145,11 +147,16 @@ class GroupRunner:
                     ) from exc
             changes = tx.changes()
             if changes or rerun:
-                commits.append(SliceCommit(s, base + 1, head, changes))
+                log_size = len(head.log) if head else 0
+                if log_size >= cfg.log_entries_per_base:
+                    commits.append(SliceCommit(s, base + 1, head, tx.merged_items(), base=True))
+                else:
+                    commits.append(SliceCommit(s, base + 1, head, changes))
+                deltas.append(changes)
             rows += [("out", s, batch, j, k, _dumps(v)) for j, (k, v) in enumerate(ctx._outputs)]
         metrics["segment_bytes"] = durable.commit(query, batch, group, commits)
-        for c in commits:
-            stores[c.slice][0].commit(c.changes, c.version)
+        for c, delta in zip(commits, deltas, strict=True):
+            stores[c.slice][0].commit(delta, c.version)
         metrics["committed_slices"] = len(commits)
         metrics["seconds"] = time.perf_counter() - started
         rows.append(("metrics", -1, batch, 0, "", _dumps(metrics)))

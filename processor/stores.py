@@ -15,7 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from changelog.durable import DurableState
-from changelog.restore import RestoreStats, catch_up
+from changelog.layout import Head
+from changelog.restore import RebuildRequired, RestoreStats, catch_up
 from state.errors import CorruptStoreError
 from state.store import SliceStore
 
@@ -78,29 +79,39 @@ class StoreCache:
             SliceStore.destroy(path)
             return SliceStore(path, self._identity(slice_id))
 
+    def _reopen(self, store: SliceStore) -> SliceStore:
+        store.close()
+        SliceStore.destroy(store.path)
+        fresh = self._open_store(store.identity["slice"])  # type: ignore[arg-type]
+        self._open[fresh.identity["slice"]] = fresh  # type: ignore[index]
+        return fresh
+
     def acquire(
-        self, slice_id: int, target: int, durable: DurableState
+        self, slice_id: int, head: Head | None, target: int, durable: DurableState
     ) -> tuple[SliceStore, RestoreStats | None]:
-        """The slice's store at exactly version `target`, and what restoring it cost."""
+        """The slice's store at exactly version `target` (from `head`'s log), and its cost."""
         store = self._open.get(slice_id)
         if store is not None and not store.exists_on_disk():
             log.warning("slice %s: local store %s vanished; rebuilding", slice_id, store.path)
             store.close()
             store = None
         if store is None:
-            store = self._open_store(slice_id)
-            self._open[slice_id] = store
+            store = self._open[slice_id] = self._open_store(slice_id)
         if store.version == target:
             return store, None
         if store.version > target:
             log.info(
                 "slice %s: local v%s is ahead of v%s; rebuilding", slice_id, store.version, target
             )
-            store.close()
-            SliceStore.destroy(store.path)
-            store = self._open_store(slice_id)
-            self._open[slice_id] = store
-        stats = catch_up(store, durable, slice_id, target)
+            store = self._reopen(store)
+            if target == 0:
+                return store, None
+        assert head is not None, f"slice {slice_id}: a target above 0 needs a head"
+        try:
+            stats = catch_up(store, durable, head, target)
+        except RebuildRequired:
+            store = self._reopen(store)
+            stats = catch_up(store, durable, head, target)
         log.info(
             "slice %s: restored v%s..v%s, %s records, %s bytes in %.3fs",
             slice_id,
@@ -113,15 +124,14 @@ class StoreCache:
         return store, stats
 
     def acquire_many(
-        self, wanted: list[tuple[int, int]], durable: DurableState
+        self, wanted: list[tuple[int, Head | None, int]], durable: DurableState
     ) -> dict[int, tuple[SliceStore, RestoreStats | None]]:
         """`acquire` for several slices; restores run in parallel threads (they wait on I/O)."""
-        if len(wanted) <= 1 or all(
-            s in self._open and self._open[s].version == v for s, v in wanted
-        ):
-            return {s: self.acquire(s, v, durable) for s, v in wanted}
+        ready = all(s in self._open and self._open[s].version == v for s, _, v in wanted)
+        if len(wanted) <= 1 or ready:
+            return {s: self.acquire(s, h, v, durable) for s, h, v in wanted}
         with ThreadPoolExecutor(max_workers=min(RESTORE_THREADS, len(wanted))) as pool:
-            futures = {s: pool.submit(self.acquire, s, v, durable) for s, v in wanted}
+            futures = {s: pool.submit(self.acquire, s, h, v, durable) for s, h, v in wanted}
             return {s: f.result() for s, f in futures.items()}
 
     def close_all(self) -> None:

@@ -31,6 +31,16 @@ class Transaction:
     def __len__(self) -> int:
         return len(self._writes)
 
+    def merged_items(self) -> list[tuple[bytes, bytes]]:
+        """The store's user entries as they will be after this transaction, in key order."""
+        merged = dict(self.store.items())
+        for k, v in self._writes.items():
+            if v is _DELETED:
+                merged.pop(k, None)
+            else:
+                merged[k] = v  # type: ignore[assignment]
+        return sorted(merged.items())
+
     def changes(self) -> list[Change]:
         """The net changes in key order, deletes as `None`."""
         return [
