@@ -90,6 +90,7 @@ class KinesisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.idle_poll_s = _int_option(options, "idlePollMs", 1000) / 1000
         self._positions: dict[tuple[str, int], pos.Positions] = {}
         self._available_now = False
+        self._looked = False
         self._last_probe = 0.0
 
     # -- driver side ---------------------------------------------------------------------
@@ -103,6 +104,7 @@ class KinesisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # noqa: N802
         n = int(start["n"])
         if n == 0:
+            self._looked = True
             return pos.next_offset(start)
         ends = BatchLog(self.table).ends(start["run"], n)
         self._positions_after(start)
@@ -111,7 +113,11 @@ class KinesisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if unfinished or (had_records and not self._available_now):
             return pos.next_offset(start)
         if self._available_now:
-            return start
+            # A run starts with one look: data may have arrived since the checkpoint's last batch.
+            if self._looked:
+                return start
+            self._looked = True
+            return pos.next_offset(start)
         if time.monotonic() - self._last_probe >= self.idle_poll_s:
             self._last_probe = time.monotonic()
             return pos.next_offset(start)

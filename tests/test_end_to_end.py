@@ -1,0 +1,111 @@
+"""The whole path on real Spark and emulated AWS over HTTP: Kinesis → slices → handler →
+S3/DynamoDB → outputs, compared with a plain-Python fold of the stream."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from processor import demo
+from processor.app import load_handler
+from processor.config import JobConfig
+from processor.errors import ConfigError
+from processor.job import BatchReport, parquet_sink, prepare, start
+
+pytestmark = pytest.mark.slow
+APP = Path(__file__).resolve().parents[1] / "examples" / "user_activity.py"
+
+
+def produce(kinesis, stream: str, n: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    weights = 1.0 / np.arange(1, 201) ** 1.1
+    users = rng.choice(200, size=n, p=weights / weights.sum())
+    records = [
+        {
+            "PartitionKey": f"user-{u}",
+            "Data": json.dumps({"user": f"user-{u}", "ts": int(rng.integers(0, 10**6))}).encode(),
+        }
+        for u in users
+    ]
+    for lo in range(0, n, 500):
+        out = kinesis.put_records(StreamName=stream, Records=records[lo : lo + 500])
+        assert out["FailedRecordCount"] == 0
+
+
+def run_job(spark, cfg: JobConfig, out_dir: str, wipe_after: set[int]) -> list[BatchReport]:
+    reports: list[BatchReport] = []
+
+    def on_report(report: BatchReport) -> None:
+        reports.append(report)
+        if report.batch_id in wipe_after:
+            demo.wipe(Path(cfg.local_dir), cfg.app, list(range(0, cfg.slices, 3)))
+
+    query = start(
+        spark,
+        load_handler(APP),
+        cfg,
+        sink=parquet_sink(out_dir),
+        on_report=on_report,
+        available_now=True,
+    )
+    query.awaitTermination()
+    return reports
+
+
+def test_job_equals_reference_fold_across_restores_and_a_restart(
+    spark, kinesis, make_stream, location, tmp_path
+):
+    stream = make_stream(2)
+    cfg = JobConfig(
+        app=location.app,
+        streams=(stream,),
+        checkpoint=str(tmp_path / "checkpoint"),
+        slices=16,
+        groups=4,
+        local_dir=str(tmp_path / "stores"),
+        max_records_per_shard=400,
+    )
+    out_dir = str(tmp_path / "out")
+    produce(kinesis, stream, 2000, seed=1)
+    first = run_job(spark, cfg, out_dir, wipe_after={0, 1})
+    assert len([r for r in first if r.records]) >= 3
+    restored = [r for rep in first for r in rep.restores if r["from_version"] == 0]
+    assert restored, "wiped slices were not rebuilt from S3"
+
+    produce(kinesis, stream, 700, seed=2)
+    shutil.rmtree(tmp_path / "stores")  # a new cluster: no local state at all
+    second = run_job(spark, cfg, out_dir, wipe_after=set())
+
+    expected, total = demo.reference_fold(kinesis, stream)
+    assert total == 2700
+    assert sum(r.records for r in first + second) == total
+    assert demo.check_outputs(spark, out_dir, expected) == []
+    rebuilt, _ = demo.durable_state(cfg, tmp_path / "verify")
+    assert rebuilt == expected
+
+
+def test_missing_stream_fails_fast_naming_it(location, tmp_path, aws):
+    cfg = JobConfig(
+        app=location.app, streams=("no-such-stream",), checkpoint=str(tmp_path), slices=16
+    )
+    with pytest.raises(ConfigError, match="'no-such-stream' does not exist"):
+        prepare(cfg)
+
+
+def test_wrong_slice_count_for_existing_state_fails_fast(location, tmp_path, make_stream):
+    cfg = JobConfig(
+        app=location.app, streams=(make_stream(1),), checkpoint=str(tmp_path), slices=64
+    )
+    with pytest.raises(ConfigError, match="16 slices, but the job is configured with 64"):
+        prepare(cfg)
+
+
+def test_unreachable_kinesis_fails_fast_with_what_to_fix(location, tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL_KINESIS", "http://127.0.0.1:9")
+    cfg = JobConfig(app=location.app, streams=("x",), checkpoint=str(tmp_path), slices=16)
+    with pytest.raises(ConfigError, match="cannot reach Kinesis.*AWS_ENDPOINT_URL_KINESIS"):
+        prepare(cfg)
