@@ -23,7 +23,10 @@ STATE_FILE = Path(".shardless/local.json")
 def _local_up(args: argparse.Namespace) -> int:
     state = Path(args.state_file)
     if state.exists():
-        print(f"{state} exists: emulators may be running; run `shardless local down` first")
+        print(
+            f"{state} exists: emulators may be running; run 'shardless local down' first",
+            file=sys.stderr,
+        )
         return 1
     aws = local_aws.start(args.kinesis, log_dir=state.parent / "logs")
     state.parent.mkdir(parents=True, exist_ok=True)

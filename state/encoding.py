@@ -1,9 +1,18 @@
-"""Value encoding: one format byte, then the payload.
+"""Value encoding: a format byte, an optional expiry, then the payload.
 
-msgpack is the only format for now; the leading byte lets later formats coexist with
-stored values. Pickle is never used: a writable bucket must not become code execution.
+    byte 0       format: 1 msgpack, 2 JSON, 3 raw bytes, 4 pickle; +0x80 if an expiry follows
+    bytes 1..9   (with expiry) kind b"p" (processing time) or b"e" (event time), 8-byte ms
+    rest         payload
+
+msgpack is the default. Pickle is used only when an application explicitly opts in, and a
+store refuses to decode it otherwise: a writable bucket must not become code execution.
 """
 
+from __future__ import annotations
+
+import json
+import pickle
+import struct
 from typing import Any
 
 import msgpack
@@ -11,15 +20,46 @@ import msgpack
 from state.errors import EncodingError
 
 MSGPACK = 0x01
+JSON = 0x02
+RAW = 0x03
+PICKLE = 0x04
+FORMATS = {"msgpack": MSGPACK, "json": JSON, "raw": RAW, "pickle": PICKLE}
+_TTL_FLAG = 0x80
+_EXPIRY = struct.Struct(">cQ")
 MAX_VALUE_BYTES = 4 * 1024 * 1024
 
 
-def encode(value: Any, *, key: str = "?") -> bytes:
+def format_code(name: str) -> int:
     try:
-        payload = msgpack.packb(value, use_bin_type=True, datetime=False)
-    except (TypeError, ValueError, OverflowError) as exc:
+        return FORMATS[name]
+    except KeyError:
+        raise EncodingError(f"unknown value format {name!r}: use {sorted(FORMATS)}") from None
+
+
+def _payload(value: Any, fmt: int, key: str) -> bytes:
+    if fmt == MSGPACK:
+        return msgpack.packb(value, use_bin_type=True, datetime=False)
+    if fmt == JSON:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+    if fmt == RAW:
+        if not isinstance(value, bytes | bytearray | memoryview):
+            raise TypeError("the raw format stores bytes only")
+        return bytes(value)
+    if fmt == PICKLE:
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    raise EncodingError(f"key {key!r}: unknown value format code {fmt}")
+
+
+def encode(
+    value: Any, *, key: str = "?", fmt: int = MSGPACK, expires: tuple[bytes, int] | None = None
+) -> bytes:
+    """Encode a value; `expires` is (b"p" or b"e", epoch ms) for a value with a TTL."""
+    try:
+        payload = _payload(value, fmt, key)
+    except (TypeError, ValueError, OverflowError, pickle.PicklingError) as exc:
+        name = {v: k for k, v in FORMATS.items()}.get(fmt, fmt)
         raise EncodingError(
-            f"key {key!r}: cannot encode a value of type {type(value).__name__} with msgpack "
+            f"key {key!r}: cannot encode a value of type {type(value).__name__} as {name} "
             f"({exc}); store plain dicts, lists, str, bytes, int, float, bool or None"
         ) from exc
     if len(payload) > MAX_VALUE_BYTES:
@@ -27,21 +67,45 @@ def encode(value: Any, *, key: str = "?") -> bytes:
             f"key {key!r}: encoded value is {len(payload)} bytes, over the limit of "
             f"{MAX_VALUE_BYTES}; split it into smaller values"
         )
-    return bytes((MSGPACK,)) + payload
+    if expires is None:
+        return bytes((fmt,)) + payload
+    return bytes((fmt | _TTL_FLAG,)) + _EXPIRY.pack(*expires) + payload
+
+
+def expiry(raw: bytes) -> tuple[bytes, int] | None:
+    """The (kind, epoch ms) expiry of an encoded value, if it has one."""
+    if raw and raw[0] & _TTL_FLAG:
+        return _EXPIRY.unpack_from(raw, 1)  # type: ignore[return-value]
+    return None
 
 
 def _no_ext(code: int, data: bytes) -> Any:
     raise ValueError(f"msgpack extension type {code} is not a shardless value")
 
 
-def decode(raw: bytes, *, key: str = "?") -> Any:
-    if not raw or raw[0] != MSGPACK:
-        fmt = raw[0] if raw else None
-        raise EncodingError(f"key {key!r}: unknown value format byte {fmt!r}")
-    if len(raw) > MAX_VALUE_BYTES + 1:
+def decode(raw: bytes, *, key: str = "?", allow_pickle: bool = False) -> Any:
+    if not raw:
+        raise EncodingError(f"key {key!r}: empty stored value")
+    fmt = raw[0] & ~_TTL_FLAG
+    payload = raw[1 + _EXPIRY.size :] if raw[0] & _TTL_FLAG else raw[1:]
+    if len(payload) > MAX_VALUE_BYTES:
         raise EncodingError(f"key {key!r}: stored value is {len(raw)} bytes, over the limit")
     try:
-        # unpackb bounds every container and string by the input's length: no memory bombs.
-        return msgpack.unpackb(raw[1:], raw=False, strict_map_key=False, ext_hook=_no_ext)
-    except (ValueError, TypeError, msgpack.UnpackException) as exc:
-        raise EncodingError(f"key {key!r}: stored value is not valid msgpack ({exc})") from exc
+        if fmt == MSGPACK:
+            # unpackb bounds every container and string by the input's length: no memory bombs.
+            return msgpack.unpackb(payload, raw=False, strict_map_key=False, ext_hook=_no_ext)
+        if fmt == JSON:
+            return json.loads(payload)
+        if fmt == RAW:
+            return payload
+        if fmt == PICKLE:
+            if not allow_pickle:
+                raise EncodingError(
+                    f"key {key!r}: stored value is pickled, and this application does not "
+                    "allow pickle (value_format='pickle' opts in; only for trusted stores)"
+                )
+            return pickle.loads(payload)  # noqa: S301 - explicit opt-in only
+    except (ValueError, TypeError, msgpack.UnpackException, pickle.UnpicklingError) as exc:
+        name = {v: k for k, v in FORMATS.items()}.get(fmt, fmt)
+        raise EncodingError(f"key {key!r}: stored value is not valid {name} ({exc})") from exc
+    raise EncodingError(f"key {key!r}: unknown value format byte {raw[0]!r}")

@@ -16,7 +16,7 @@ import msgpack
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch
 
 from state.errors import CorruptStoreError
-from state.keys import DATA, IDENTITY_KEY, VERSION_KEY
+from state.keys import DATA, DATA_END, IDENTITY_KEY, UNDO_KEY, USER_START, VERSION_KEY
 
 Change = tuple[bytes, bytes | None]
 
@@ -59,16 +59,26 @@ class SliceStore:
     def get_many(self, keys: list[bytes]) -> list[bytes | None]:
         return self._db.get(keys) if keys else []
 
-    def items(self, lo: bytes = DATA, hi: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
-        """Entries with `lo <= key < hi` in key order (all user entries by default)."""
+    def items(self, lo: bytes = DATA, hi: bytes | None = DATA_END) -> Iterator[tuple[bytes, bytes]]:
+        """Entries with `lo <= key < hi` in key order (user values by default; `hi=None`
+        for no upper bound)."""
         ro = ReadOptions()
-        if hi is None:
-            hi = bytes([DATA[0] + 1])
-        ro.set_iterate_upper_bound(hi)
+        if hi is not None:
+            ro.set_iterate_upper_bound(hi)
         yield from self._db.items(from_key=lo, read_opt=ro)
 
-    def commit(self, changes: Iterable[Change], version: int) -> None:
-        """Apply `changes` and set the version marker in one atomic write."""
+    def user_items(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every entry but engine metadata: values, map entries, timers, expiries."""
+        return self.items(USER_START, None)
+
+    def commit(
+        self, changes: Iterable[Change], version: int, undo: list[Change] | None = None
+    ) -> None:
+        """Apply `changes` and set the version marker in one atomic write.
+
+        With `undo` (the values the changes overwrite), the store can later roll this one
+        commit back without reading anything durable.
+        """
         wb = WriteBatch(raw_mode=True)
         for key, value in changes:
             if value is None:
@@ -76,7 +86,22 @@ class SliceStore:
             else:
                 wb.put(key, value)
         wb.put(VERSION_KEY, msgpack.packb(version))
+        if undo is None:
+            wb.delete(UNDO_KEY)
+        else:
+            wb.put(UNDO_KEY, msgpack.packb([version, [list(c) for c in undo]]))
         self._db.write(wb)
+
+    def roll_back(self) -> bool:
+        """Undo the last commit if its undo record is here; False when it is not."""
+        raw = self._db.get(UNDO_KEY)
+        if raw is None:
+            return False
+        version, undo = msgpack.unpackb(raw)
+        if version != self.version:
+            return False
+        self.commit([(bytes(k), None if v is None else bytes(v)) for k, v in undo], version - 1)
+        return True
 
     def exists_on_disk(self) -> bool:
         """False when someone removed the directory under an open handle."""

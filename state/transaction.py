@@ -1,25 +1,40 @@
 """A batch's buffered writes over a slice store, with read-your-own-writes.
 
 Nothing reaches RocksDB until the batch's changes are durable elsewhere; a failed batch
-simply drops its transaction, so a retry sees the store exactly as it was.
+simply drops its transaction, so a retry sees the store exactly as it was. Values read
+from the store are cached for the batch: they serve repeated reads and become the undo
+record that lets a re-run batch roll the local store back.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+
+from state.keys import USER_START
 from state.store import Change, SliceStore
 
 _DELETED = object()
+_ABSENT = object()
 
 
 class Transaction:
     def __init__(self, store: SliceStore) -> None:
         self.store = store
         self._writes: dict[bytes, object] = {}
+        self._reads: dict[bytes, bytes | None] = {}
+
+    def prefetch(self, keys: Iterable[bytes]) -> None:
+        """Read many keys in one multi-get (faster than one get each)."""
+        wanted = [k for k in dict.fromkeys(keys) if k not in self._reads]
+        self._reads.update(zip(wanted, self.store.get_many(wanted), strict=True))
 
     def get(self, key: bytes) -> bytes | None:
-        found = self._writes.get(key)
-        if found is None:
-            return self.store.get(key)
+        found = self._writes.get(key, _ABSENT)
+        if found is _ABSENT:
+            found = self._reads.get(key, _ABSENT)
+            if found is _ABSENT:
+                found = self._reads[key] = self.store.get(key)
+            return found  # type: ignore[return-value]
         return None if found is _DELETED else found  # type: ignore[return-value]
 
     def put(self, key: bytes, value: bytes) -> None:
@@ -31,15 +46,30 @@ class Transaction:
     def __len__(self) -> int:
         return len(self._writes)
 
-    def merged_items(self) -> list[tuple[bytes, bytes]]:
-        """The store's user entries as they will be after this transaction, in key order."""
-        merged = dict(self.store.items())
-        for k, v in self._writes.items():
-            if v is _DELETED:
-                merged.pop(k, None)
+    def items(self, lo: bytes, hi: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        """Entries with `lo <= key < hi` in key order, this batch's writes included."""
+        overlay = sorted(
+            (k, v) for k, v in self._writes.items() if lo <= k and (hi is None or k < hi)
+        )
+        i = 0
+        for key, value in self.store.items(lo, hi):
+            while i < len(overlay) and overlay[i][0] < key:
+                if overlay[i][1] is not _DELETED:
+                    yield overlay[i]  # type: ignore[misc]
+                i += 1
+            if i < len(overlay) and overlay[i][0] == key:
+                if overlay[i][1] is not _DELETED:
+                    yield overlay[i]  # type: ignore[misc]
+                i += 1
             else:
-                merged[k] = v  # type: ignore[assignment]
-        return sorted(merged.items())
+                yield key, value
+        for key, value in overlay[i:]:
+            if value is not _DELETED:
+                yield key, value  # type: ignore[misc]
+
+    def merged_items(self) -> list[tuple[bytes, bytes]]:
+        """Every user entry as it will be after this transaction (for a base)."""
+        return list(self.items(USER_START, None))
 
     def changes(self) -> list[Change]:
         """The net changes in key order, deletes as `None`."""
@@ -47,3 +77,10 @@ class Transaction:
             (k, None if v is _DELETED else v)  # type: ignore[misc]
             for k, v in sorted(self._writes.items())
         ]
+
+    def undo(self, changes: list[Change]) -> list[Change]:
+        """The changes that restore the values `changes` overwrite (read if not yet read)."""
+        missing = [k for k, _ in changes if k not in self._reads]
+        if missing:
+            self._reads.update(zip(missing, self.store.get_many(missing), strict=True))
+        return [(k, self._reads[k]) for k, _ in changes]

@@ -38,6 +38,7 @@ class ShardRead:
     initial: dict[str, Any]
     max_records: int
     max_bytes: int
+    closed: bool = False
 
     @property
     def shard_key(self) -> str:
@@ -124,7 +125,8 @@ def _fresh(kinesis, read: ShardRead) -> tuple[list[dict], dict]:  # noqa: ANN001
         records += got
         size += sum(len(r["Data"]) for r in got)
         caught_up = len(got) < limit and behind in (0, None)
-        if done or caught_up:
+        # A closed shard is read until Kinesis says it ended, so its children can start.
+        if done or (caught_up and not read.closed):
             break
     end = {
         "after": shard.last_seq,

@@ -142,6 +142,7 @@ class KinesisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     initial=end["initial"],
                     max_records=self.max_records,
                     max_bytes=self.max_bytes,
+                    closed=shard.closed,
                 )
                 parts.append(_Partition(read, self.slices))
         return parts
