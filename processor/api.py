@@ -1,22 +1,34 @@
-"""The handler API: what a user's `process(event, ctx)` receives.
+"""The handler API: what `process(event, ctx)` and `on_timer(timer, ctx)` receive.
 
-def process(event, ctx):
-    count = ctx.state.get(0) + 1
-    ctx.state.set(count)
-    ctx.emit({"user": event.key, "count": count})
+    def process(event, ctx):
+        count = ctx.state.get(0) + 1
+        ctx.state.set(count)
+        ctx.timers.set(ctx.now_ms + 60_000)
+        ctx.emit({"user": event.key, "count": count})
+
+Reads see this batch's own writes; nothing is durable until the batch commits.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from state import encoding
-from state.keys import data_key
+from state import encoding, keys, timers, ttl
 from state.transaction import Transaction
 
-_MISSING = object()
+_KINDS = {"processing": keys.PROCESSING, "event": keys.EVENT}
+_KIND_NAMES = {v: k for k, v in _KINDS.items()}
+
+
+def _kind(name: str) -> bytes:
+    try:
+        return _KINDS[name]
+    except KeyError:
+        raise ValueError(f"time kind must be 'processing' or 'event', got {name!r}") from None
 
 
 class Event:
@@ -57,49 +69,228 @@ class Event:
         return f"Event({self.coordinates()}, key={self.key!r}, {len(self.data)} bytes)"
 
 
+@dataclass(frozen=True)
+class Timer:
+    """A due timer: the key it was set for, its time (epoch ms) and its kind."""
+
+    key: str
+    ts: int
+    kind: str
+
+
+class _Values:
+    """Encoding, TTL and clocks shared by a slice's state views in one batch."""
+
+    __slots__ = ("tx", "fmt", "allow_pickle", "now_ms", "watermark_ms")
+
+    def __init__(self, tx: Transaction, fmt: int, allow_pickle: bool) -> None:
+        self.tx = tx
+        self.fmt = fmt
+        self.allow_pickle = allow_pickle
+        self.now_ms = 0
+        self.watermark_ms = -1
+
+    def read(self, db_key: bytes, default: Any, name: str) -> Any:
+        raw = self.tx.get(db_key)
+        if raw is None or (raw[0] & 0x80 and ttl.is_expired(raw, self.now_ms, self.watermark_ms)):
+            return default
+        return encoding.decode(raw, key=name, allow_pickle=self.allow_pickle)
+
+    def write(self, db_key: bytes, value: Any, name: str, ttl_ms: int | None, on: str) -> None:
+        if ttl_ms is None:
+            self.tx.put(db_key, encoding.encode(value, key=name, fmt=self.fmt))
+            return
+        kind = _kind(on)
+        base = self.now_ms if kind == keys.PROCESSING else max(self.watermark_ms, 0)
+        at = base + int(ttl_ms)
+        self.tx.put(db_key, encoding.encode(value, key=name, fmt=self.fmt, expires=(kind, at)))
+        ttl.index(self.tx, db_key, kind, at)
+
+    def live(self, raw: bytes) -> bool:
+        return not (raw[0] & 0x80 and ttl.is_expired(raw, self.now_ms, self.watermark_ms))
+
+
+class MapState:
+    """Map-like state under the current key: sub-keys in sorted order."""
+
+    __slots__ = ("_v", "_key")
+
+    def __init__(self, values: _Values) -> None:
+        self._v = values
+        self._key = ""
+
+    def get(self, sub: str, default: Any = None) -> Any:
+        return self._v.read(keys.map_key(self._key, sub), default, f"{self._key}[{sub}]")
+
+    def set(self, sub: str, value: Any, ttl_ms: int | None = None, on: str = "processing") -> None:
+        self._v.write(keys.map_key(self._key, sub), value, f"{self._key}[{sub}]", ttl_ms, on)
+
+    def delete(self, sub: str) -> None:
+        self._v.tx.delete(keys.map_key(self._key, sub))
+
+    def __contains__(self, sub: str) -> bool:
+        return self.get(sub, _MISSING) is not _MISSING
+
+    def items(self, start: str | None = None, end: str | None = None) -> Iterator[tuple[str, Any]]:
+        """Entries with `start <= sub < end` in sub-key order."""
+        lo, hi = keys.map_range(self._key)
+        if start is not None:
+            lo = keys.map_key(self._key, start)
+        if end is not None:
+            hi = keys.map_key(self._key, end)
+        for db_key, raw in self._v.tx.items(lo, hi):
+            if self._v.live(raw):
+                sub = keys.map_sub(db_key, self._key)
+                yield sub, encoding.decode(raw, key=sub, allow_pickle=self._v.allow_pickle)
+
+    def keys(self) -> list[str]:
+        return [k for k, _ in self.items()]
+
+    def clear(self) -> None:
+        for db_key, _ in list(self._v.tx.items(*keys.map_range(self._key))):
+            self._v.tx.delete(db_key)
+
+
+_MISSING = object()
+
+
 class KeyedState:
-    """The state of the current record's key: one msgpack value."""
+    """The state of the current record's key: one value, and a map under `.map`."""
 
-    __slots__ = ("_tx", "_key", "_db_key")
+    __slots__ = ("_v", "_key", "_db_key", "map")
 
-    def __init__(self, tx: Transaction) -> None:
-        self._tx = tx
+    def __init__(self, values: _Values) -> None:
+        self._v = values
         self._key = ""
         self._db_key = b""
+        self.map = MapState(values)
 
     def _bind(self, key: str) -> None:
         self._key = key
-        self._db_key = data_key(key)
+        self._db_key = keys.data_key(key)
+        self.map._key = key
 
     def get(self, default: Any = None) -> Any:
-        raw = self._tx.get(self._db_key)
-        return default if raw is None else encoding.decode(raw, key=self._key)
+        return self._v.read(self._db_key, default, self._key)
 
-    def set(self, value: Any) -> None:
-        self._tx.put(self._db_key, encoding.encode(value, key=self._key))
+    def set(self, value: Any, ttl_ms: int | None = None, on: str = "processing") -> None:
+        """Store a value; with `ttl_ms` it expires that long after the batch's processing time
+        (`on="processing"`) or the watermark (`on="event"`)."""
+        self._v.write(self._db_key, value, self._key, ttl_ms, on)
 
     def delete(self) -> None:
-        self._tx.delete(self._db_key)
+        self._v.tx.delete(self._db_key)
 
     def exists(self) -> bool:
-        return self._tx.get(self._db_key) is not None
+        return self.get(_MISSING) is not _MISSING
+
+
+class SliceState:
+    """Every key's value in this slice, for handlers that need more than the current key."""
+
+    __slots__ = ("_v",)
+
+    def __init__(self, values: _Values) -> None:
+        self._v = values
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._v.read(keys.data_key(key), default, key)
+
+    def put(self, key: str, value: Any, ttl_ms: int | None = None, on: str = "processing") -> None:
+        self._v.write(keys.data_key(key), value, key, ttl_ms, on)
+
+    def delete(self, key: str) -> None:
+        self._v.tx.delete(keys.data_key(key))
+
+    def range(self, start: str | None = None, end: str | None = None) -> Iterator[tuple[str, Any]]:
+        """Keys with `start <= key < end` and their values, in key order (UTF-8 byte order)."""
+        lo = keys.DATA if start is None else keys.DATA + keys.escape(start)
+        hi = keys.DATA_END if end is None else keys.DATA + keys.escape(end)
+        return self._scan(lo, hi)
+
+    def prefix(self, prefix: str) -> Iterator[tuple[str, Any]]:
+        """Keys starting with `prefix` and their values, in key order."""
+        return self._scan(*keys.key_range(prefix))
+
+    def _scan(self, lo: bytes, hi: bytes) -> Iterator[tuple[str, Any]]:
+        for db_key, raw in self._v.tx.items(lo, hi):
+            if keys.is_value_key(db_key) and self._v.live(raw):
+                key = keys.record_key(db_key)
+                yield key, encoding.decode(raw, key=key, allow_pickle=self._v.allow_pickle)
+
+
+class Timers:
+    """Timers of the current key: `on_timer` runs once each is due."""
+
+    __slots__ = ("_v", "_key")
+
+    def __init__(self, values: _Values) -> None:
+        self._v = values
+        self._key = ""
+
+    def set(self, ts_ms: int, kind: str = "processing") -> None:
+        """Fire at epoch ms `ts_ms` of processing time, or once the watermark passes it."""
+        timers.set_timer(self._v.tx, self._key, _kind(kind), int(ts_ms))
+
+    def delete(self, ts_ms: int, kind: str = "processing") -> None:
+        timers.delete_timer(self._v.tx, self._key, _kind(kind), int(ts_ms))
+
+    def list(self) -> list[Timer]:
+        return [
+            Timer(self._key, ts, _KIND_NAMES[k])
+            for k, ts in timers.key_timers(self._v.tx, self._key)
+        ]
 
 
 class Context:
-    """What a handler may do while processing one record."""
+    """What a handler may do while processing one record or timer."""
 
-    __slots__ = ("slice", "batch_id", "state", "key", "_outputs")
+    __slots__ = (
+        "slice",
+        "batch_id",
+        "state",
+        "slice_state",
+        "timers",
+        "key",
+        "_values",
+        "_outputs",
+    )
 
-    def __init__(self, slice_id: int, batch_id: int, tx: Transaction) -> None:
+    def __init__(
+        self,
+        slice_id: int,
+        batch_id: int,
+        tx: Transaction,
+        value_format: int = encoding.MSGPACK,
+        allow_pickle: bool = False,
+    ) -> None:
         self.slice = slice_id
         self.batch_id = batch_id
-        self.state = KeyedState(tx)
+        self._values = _Values(tx, value_format, allow_pickle)
+        self.state = KeyedState(self._values)
+        self.slice_state = SliceState(self._values)
+        self.timers = Timers(self._values)
         self.key = ""
         self._outputs: list[tuple[str, Any]] = []
+
+    @property
+    def now_ms(self) -> int:
+        """The batch's processing time (the same on a re-run of the batch)."""
+        return self._values.now_ms
+
+    @property
+    def watermark_ms(self) -> int:
+        """Event time up to which the job has seen all data (-1 before any)."""
+        return self._values.watermark_ms
 
     def _bind(self, key: str) -> None:
         self.key = key
         self.state._bind(key)
+        self.timers._key = key
+
+    def _clock(self, now_ms: int, watermark_ms: int) -> None:
+        self._values.now_ms = now_ms
+        self._values.watermark_ms = watermark_ms
 
     def emit(self, value: Any, key: str | None = None) -> None:
         """Send an output row (JSON-encoded) to the job's sink; `key` defaults to the record's."""

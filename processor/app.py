@@ -9,11 +9,12 @@ from pathlib import Path
 from pyspark import cloudpickle
 
 from processor.errors import AppError
-from processor.runtime import Handler
+from processor.handlers import HandlerFactory
 
 
-def load_handler(path: str | Path) -> Handler:
-    """Import the app file and return its `process` function.
+def load_handler(path: str | Path) -> HandlerFactory:
+    """Import the app file and return its handler: a class named by `handler = ...`, or the
+    functions `process(event, ctx)` and optionally `on_timer(timer, ctx)`.
 
     The module is pickled by value, so executors need no copy of the file.
     """
@@ -30,8 +31,14 @@ def load_handler(path: str | Path) -> Handler:
         spec.loader.exec_module(module)
     except Exception as exc:
         raise AppError(f"{path}: importing the app failed: {type(exc).__name__}: {exc}") from exc
-    handler = getattr(module, "process", None)
-    if not callable(handler):
-        raise AppError(f"{path}: define a function `process(event, ctx)`")
     cloudpickle.register_pickle_by_value(module)
-    return handler
+    spec = getattr(module, "handler", None)
+    if spec is not None:
+        return HandlerFactory(spec)
+    process = getattr(module, "process", None)
+    if not callable(process):
+        raise AppError(
+            f"{path}: define a function `process(event, ctx)`, or `handler = <a class with "
+            "process(self, event, ctx)>`"
+        )
+    return HandlerFactory(process, on_timer=getattr(module, "on_timer", None))

@@ -37,6 +37,9 @@ class JobConfig:
     max_records_per_shard: int = 10_000
     max_bytes_per_shard: int = 10 * 1024 * 1024
     idle_poll_ms: int = 1000
+    allowed_lateness_ms: int = 0
+    timer_poll_ms: int = 1000
+    value_format: str = "msgpack"
 
     def __post_init__(self) -> None:
         if not self.app or not all(c.isalnum() or c in "-_." for c in self.app):
@@ -50,6 +53,12 @@ class JobConfig:
             check_slices(self.slices)
         except ValueError as exc:
             raise ConfigError(f"--slices: {exc}") from exc
+        if self.value_format not in ("msgpack", "json", "raw", "pickle"):
+            raise ConfigError(
+                f"value_format {self.value_format!r}: use msgpack (default), json, raw or pickle"
+            )
+        if self.allowed_lateness_ms < 0:
+            raise ConfigError(f"allowed_lateness_ms {self.allowed_lateness_ms}: must be >= 0")
         if not 1 <= self.groups <= self.slices:
             raise ConfigError(
                 f"--groups {self.groups}: must be between 1 and slices ({self.slices})"

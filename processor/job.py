@@ -23,8 +23,10 @@ from changelog.errors import ConfigurationError
 from processor.config import JobConfig
 from processor.errors import ConfigError
 from processor.grouping import group_keys
+from processor.handlers import HandlerFactory
 from processor.kinesis.shards import list_shards
-from processor.runtime import OUTPUT_SCHEMA, STATE_SCHEMA, GroupRunner, Handler, RuntimeConfig
+from processor.runtime import OUTPUT_SCHEMA, STATE_SCHEMA, GroupRunner, RuntimeConfig
+from state.encoding import format_code
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +52,7 @@ def prepare(cfg: JobConfig) -> None:
             raise ConfigError(str(exc)) from exc
 
 
-def outputs(spark: SparkSession, handler: Handler, cfg: JobConfig) -> DataFrame:
+def outputs(spark: SparkSession, handlers: HandlerFactory, cfg: JobConfig) -> DataFrame:
     """The streaming DataFrame of outputs (and per-group metrics rows, kind='metrics')."""
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
     if partitions != cfg.groups:
@@ -64,12 +66,24 @@ def outputs(spark: SparkSession, handler: Handler, cfg: JobConfig) -> DataFrame:
     records = spark.readStream.format("shardless_kinesis").options(**cfg.source_options()).load()
     group_index = F.floor(F.col("slice") * partitions / cfg.slices).cast("int")
     key_array = F.array(*[F.lit(k) for k in keys])
-    grouped = records.withColumn("group", F.element_at(key_array, group_index + 1))
+    grouped = (
+        records.withColumn("group", F.element_at(key_array, group_index + 1))
+        .withColumn("event_time", F.col("arrival"))
+        .withWatermark("event_time", f"{cfg.allowed_lateness_ms} milliseconds")
+    )
     runner = GroupRunner(
-        handler, RuntimeConfig(location=cfg.location, slices=cfg.slices, local_dir=cfg.local_dir)
+        handlers,
+        RuntimeConfig(
+            location=cfg.location,
+            slices=cfg.slices,
+            local_dir=cfg.local_dir,
+            value_format=format_code(cfg.value_format),
+            allow_pickle=cfg.value_format == "pickle",
+            timer_poll_ms=cfg.timer_poll_ms,
+        ),
     )
     return grouped.groupBy("group").applyInPandasWithState(
-        runner, OUTPUT_SCHEMA, STATE_SCHEMA, "Update", GroupStateTimeout.NoTimeout
+        runner, OUTPUT_SCHEMA, STATE_SCHEMA, "Update", GroupStateTimeout.ProcessingTimeTimeout
     )
 
 
@@ -105,7 +119,7 @@ def console_sink(df: DataFrame, batch_id: int) -> None:
 
 def start(
     spark: SparkSession,
-    handler: Handler,
+    handlers: HandlerFactory,
     cfg: JobConfig,
     sink: Sink = console_sink,
     on_report: Callable[[BatchReport], None] | None = None,
@@ -135,12 +149,16 @@ def start(
             df.unpersist()
 
     writer = (
-        outputs(spark, handler, cfg)
+        outputs(spark, handlers, cfg)
         .writeStream.outputMode("update")
         .option("checkpointLocation", cfg.checkpoint)
         .foreachBatch(each_batch)
         .queryName(f"shardless-{cfg.app}")
     )
+    # Timers in slices without records fire through Spark's processing-time timeout, which
+    # needs batches without data. A run that should stop once the stream is drained
+    # (availableNow) must not schedule those, or it never ends; its timers fire with data.
+    spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", str(not available_now).lower())
     if available_now:
         writer = writer.trigger(availableNow=True)
     elif processing_time:

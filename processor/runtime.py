@@ -1,15 +1,19 @@
 """The task runtime: one Spark group (a run of slices) for one batch, inside
 `applyInPandasWithState`.
 
-For every slice with records: bring the local store to the committed version, run the
-handler over the slice's records in stream order with writes buffered, then commit all
-changed slices durably (one S3 object and one DynamoDB transaction per 50 slices) and
-only then locally. Outputs are yielded after the durable commit, so nothing is released
-that a restore could not reproduce.
+For every slice with records or due timers: bring the local store to the committed
+version, run the slice's records in stream order and then its due timers with writes
+buffered, then commit all changed slices durably (one S3 object and one DynamoDB
+transaction per 100 slices) and only then locally. Outputs are yielded after the durable
+commit, so nothing is released that a restore could not reproduce.
 
 A batch that Spark runs again (same query, same batch id) finds its own earlier commit in
 the slice's head; it re-processes from the version before it and re-commits in its place,
 so state counts the input once and the outputs are the same.
+
+Spark's group state holds only which slices of the group have pending timers and when
+they are next due; its processing-time timeout makes Spark call the group when no records
+arrive, so timers fire in idle slices too.
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -26,19 +31,23 @@ import pandas as pd
 
 from changelog.durable import DurableState, SliceCommit
 from changelog.layout import AppLocation, Head
-from processor.api import Context, Event
+from processor.api import Event
 from processor.errors import ProcessorError
+from processor.handlers import HandlerFactory, handler_for
 from processor.stores import cache_for
+from processor.task import run_slice
+from state import encoding
 from state.transaction import Transaction
 
 log = logging.getLogger(__name__)
 
 OUTPUT_SCHEMA = "kind string, slice int, batch_id long, seq int, key string, value string"
-STATE_SCHEMA = "unused int"
+STATE_SCHEMA = "pending string"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
+_COLUMNS = ["kind", "slice", "batch_id", "seq", "key", "value"]
 
-Handler = Callable[[Event, Context], None]
+Pending = dict[int, tuple[int | None, int | None]]  # slice -> (next processing, next event)
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,9 @@ class RuntimeConfig:
     slices: int
     local_dir: str
     log_entries_per_base: int = 32
+    value_format: int = encoding.MSGPACK
+    allow_pickle: bool = False
+    timer_poll_ms: int = 1000
 
 
 def _dumps(value: Any) -> str:
@@ -69,15 +81,38 @@ def _plan(s: int, head: Head | None, query: str, batch: int) -> tuple[int, int, 
     return s, base, rerun
 
 
+def _due(pending: Pending, now_ms: int, watermark_ms: int) -> list[int]:
+    return [
+        s
+        for s, (proc, event) in pending.items()
+        if (proc is not None and proc <= now_ms) or (event is not None and event <= watermark_ms)
+    ]
+
+
+def _events(pdf: pd.DataFrame, lo: int, hi: int, cols: dict[str, list]) -> list[Event]:
+    return [
+        Event(
+            cols["stream"][i],
+            cols["shard"][i],
+            cols["sequence_number"][i],
+            cols["subsequence"][i],
+            cols["partition_key"][i],
+            cols["arrival"][i],
+            cols["data"][i],
+        )
+        for i in range(lo, hi)
+    ]
+
+
 class GroupRunner:
     """The function Spark calls per group; pickled with the handler and the config."""
 
-    def __init__(self, handler: Handler, config: RuntimeConfig) -> None:
-        self.handler = handler
+    def __init__(self, handlers: HandlerFactory, config: RuntimeConfig) -> None:
+        self.handlers = handlers
         self.config = config
 
     def __call__(
-        self, key: tuple, pdfs: Iterator[pd.DataFrame], _state: Any
+        self, key: tuple, pdfs: Iterator[pd.DataFrame], state: Any
     ) -> Iterator[pd.DataFrame]:
         from pyspark import TaskContext
 
@@ -85,66 +120,84 @@ class GroupRunner:
         batch = int(tc.getLocalProperty(BATCH_ID_PROPERTY))
         query = tc.getLocalProperty(QUERY_ID_PROPERTY)
         frames = [p for p in pdfs if len(p)]
-        if not frames:
-            return
-        pdf = pd.concat(frames, ignore_index=True)
-        yield self.run(int(key[0]), query, batch, pdf)
+        pdf = pd.concat(frames, ignore_index=True) if frames else None
+        pending: Pending = {}
+        if state.exists:
+            pending = {int(s): tuple(v) for s, v in json.loads(state.get[0]).items()}
+        now_ms = int(state.getCurrentProcessingTimeMs())
+        try:
+            watermark_ms = int(state.getCurrentWatermarkMs())
+        except Exception:  # noqa: BLE001 - no watermark defined on this query
+            watermark_ms = -1
+        out, pending = self.run(int(key[0]), query, batch, pdf, pending, now_ms, watermark_ms)
+        if pending:
+            state.update((_dumps({str(s): v for s, v in pending.items()}),))
+            nexts = [p for p, _ in pending.values() if p is not None]
+            wait = min(nexts) - now_ms if nexts else self.config.timer_poll_ms
+            if any(e is not None for _, e in pending.values()):
+                wait = min(wait, self.config.timer_poll_ms)
+            state.setTimeoutDuration(max(1, wait))
+        elif state.exists:
+            state.remove()
+        yield out
 
-    def run(self, group: int, query: str, batch: int, pdf: pd.DataFrame) -> pd.DataFrame:
+    def run(
+        self,
+        group: int,
+        query: str,
+        batch: int,
+        pdf: pd.DataFrame | None,
+        pending: Pending | None = None,
+        now_ms: int | None = None,
+        watermark_ms: int = -1,
+    ) -> tuple[pd.DataFrame, Pending]:
+        """Process one group's batch; return its output rows and its pending timers."""
         started = time.perf_counter()
         cfg = self.config
-        pdf = pdf.sort_values(["slice", "stream_order"], kind="stable", ignore_index=True)
-        durable = DurableState(cfg.location)
-        cache = cache_for(cfg.local_dir, cfg.location.app, cfg.slices)
-        slice_col = pdf["slice"].to_numpy()
-        bounds = [0, *(np.flatnonzero(np.diff(slice_col)) + 1).tolist(), len(pdf)]
-        slices = [int(slice_col[b]) for b in bounds[:-1]]
-        heads = durable.heads(slices)
-        cols = {
-            name: pdf[name].tolist()
-            for name in (
-                "stream",
-                "shard",
-                "sequence_number",
-                "subsequence",
-                "partition_key",
-                "data",
-            )
+        pending = dict(pending or {})
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        spans: dict[int, tuple[int, int]] = {}
+        cols: dict[str, list] = {}
+        if pdf is not None and len(pdf):
+            pdf = pdf.sort_values(["slice", "stream_order"], kind="stable", ignore_index=True)
+            slice_col = pdf["slice"].to_numpy()
+            bounds = [0, *(np.flatnonzero(np.diff(slice_col)) + 1).tolist(), len(pdf)]
+            spans = {int(slice_col[lo]): (lo, hi) for lo, hi in pairwise(bounds)}
+            names = ("stream", "shard", "sequence_number", "subsequence", "partition_key", "data")
+            cols = {name: pdf[name].tolist() for name in names}
+            cols["arrival"] = pdf["arrival"].tolist()
+        slices = sorted(set(spans) | set(_due(pending, now_ms, watermark_ms)))
+        metrics: dict[str, Any] = {
+            "group": group,
+            "records": 0 if pdf is None else len(pdf),
+            "slices": len(slices),
+            "restores": [],
+            "timers_fired": 0,
         }
-        arrivals = pdf["arrival"].tolist()
         rows: list[tuple] = []
         commits: list[SliceCommit] = []
-        deltas: list[list] = []
-        metrics = {"group": group, "records": len(pdf), "slices": len(slices), "restores": []}
+        deltas: list[tuple[list, list]] = []
+        durable = DurableState(cfg.location)
+        heads = durable.heads(slices) if slices else {}
+        cache = cache_for(cfg.local_dir, cfg.location.app, cfg.slices)
         plans = [_plan(s, heads.get(s), query, batch) for s in slices]
         stores = cache.acquire_many([(s, heads.get(s), base) for s, base, _ in plans], durable)
         for _store, restored in stores.values():
             if restored is not None:
                 metrics["restores"].append(restored.__dict__)
-        for (s, base, rerun), lo, hi in zip(plans, bounds[:-1], bounds[1:], strict=True):
+        for s, base, rerun in plans:
             head = heads.get(s)
             tx = Transaction(stores[s][0])
-            ctx = Context(s, batch, tx)
-            handler = self.handler
-            for i in range(lo, hi):
-                key = cols["partition_key"][i]
-                ctx._bind(key)
-                event = Event(
-                    cols["stream"][i],
-                    cols["shard"][i],
-                    cols["sequence_number"][i],
-                    cols["subsequence"][i],
-                    key,
-                    arrivals[i],
-                    cols["data"][i],
-                )
-                try:
-                    handler(event, ctx)
-                except Exception as exc:
-                    raise ProcessorError(
-                        f"handler failed on record {event.coordinates()} (key {key!r}, slice "
-                        f"{s}, batch {batch}): {type(exc).__name__}: {exc}"
-                    ) from exc
+            lo, hi = spans.get(s, (0, 0))
+            result = run_slice(
+                handler_for(self.handlers, s), tx, s, batch, now_ms, watermark_ms,
+                _events(pdf, lo, hi, cols), cfg.value_format, cfg.allow_pickle,
+            )  # fmt: skip
+            metrics["timers_fired"] += result.timers_fired
+            if result.next_processing_timer is None and result.next_event_timer is None:
+                pending.pop(s, None)
+            else:
+                pending[s] = (result.next_processing_timer, result.next_event_timer)
             changes = tx.changes()
             if changes or rerun:
                 log_size = len(head.log) if head else 0
@@ -152,12 +205,12 @@ class GroupRunner:
                     commits.append(SliceCommit(s, base + 1, head, tx.merged_items(), base=True))
                 else:
                     commits.append(SliceCommit(s, base + 1, head, changes))
-                deltas.append(changes)
-            rows += [("out", s, batch, j, k, _dumps(v)) for j, (k, v) in enumerate(ctx._outputs)]
+                deltas.append((changes, tx.undo(changes)))
+            rows += [("out", s, batch, j, k, _dumps(v)) for j, (k, v) in enumerate(result.outputs)]
         metrics["segment_bytes"] = durable.commit(query, batch, group, commits)
-        for c, delta in zip(commits, deltas, strict=True):
-            stores[c.slice][0].commit(delta, c.version)
+        for c, (changes, undo) in zip(commits, deltas, strict=True):
+            stores[c.slice][0].commit(changes, c.version, undo)
         metrics["committed_slices"] = len(commits)
         metrics["seconds"] = time.perf_counter() - started
         rows.append(("metrics", -1, batch, 0, "", _dumps(metrics)))
-        return pd.DataFrame(rows, columns=["kind", "slice", "batch_id", "seq", "key", "value"])
+        return pd.DataFrame(rows, columns=_COLUMNS), pending

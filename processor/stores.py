@@ -99,6 +99,9 @@ class StoreCache:
             store = self._open[slice_id] = self._open_store(slice_id)
         if store.version == target:
             return store, None
+        if store.version == target + 1 and store.roll_back():
+            log.info("slice %s: rolled back v%s locally for a re-run", slice_id, target + 1)
+            return store, None
         if store.version > target:
             log.info(
                 "slice %s: local v%s is ahead of v%s; rebuilding", slice_id, store.version, target

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -109,3 +110,54 @@ def test_unreachable_kinesis_fails_fast_with_what_to_fix(location, tmp_path, mon
     cfg = JobConfig(app=location.app, streams=("x",), checkpoint=str(tmp_path), slices=16)
     with pytest.raises(ConfigError, match="cannot reach Kinesis.*AWS_ENDPOINT_URL_KINESIS"):
         prepare(cfg)
+
+
+def test_timers_fire_in_slices_that_receive_no_more_records(
+    spark, kinesis, make_stream, location, tmp_path
+):
+    """A continuous query: Spark's processing-time timeout calls idle groups, so a timer
+    set by a record fires in a later batch that holds no records at all."""
+    from processor.handlers import HandlerFactory
+
+    def process(event, ctx):
+        ctx.timers.set(ctx.now_ms + 1500)
+
+    def on_timer(timer, ctx):
+        ctx.emit({"fired": timer.key})
+
+    stream = make_stream(1)
+    keys = [f"k{i}" for i in range(6)]
+    kinesis.put_records(
+        StreamName=stream, Records=[{"PartitionKey": k, "Data": b"{}"} for k in keys]
+    )
+    cfg = JobConfig(
+        app=location.app,
+        streams=(stream,),
+        checkpoint=str(tmp_path / "ck"),
+        slices=16,
+        groups=4,
+        local_dir=str(tmp_path / "stores"),
+    )
+    fired: list[str] = []
+    reports: list[BatchReport] = []
+
+    def sink(df, batch_id):
+        fired.extend(json.loads(r.value)["fired"] for r in df.collect())
+
+    query = start(
+        spark,
+        HandlerFactory(process, on_timer=on_timer),
+        cfg,
+        sink=sink,
+        on_report=reports.append,
+        processing_time="500 milliseconds",
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while sorted(fired) != keys and time.monotonic() < deadline and query.isActive:
+            time.sleep(0.5)
+    finally:
+        query.stop()
+    assert sorted(fired) == keys
+    firing = [r for r in reports if r.outputs]
+    assert firing and all(r.records == 0 for r in firing)

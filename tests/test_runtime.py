@@ -14,6 +14,7 @@ import pytest
 
 from changelog.durable import DurableState
 from processor.errors import ProcessorError
+from processor.handlers import HandlerFactory
 from processor.routing import route
 from processor.runtime import GroupRunner, RuntimeConfig
 
@@ -47,8 +48,22 @@ def frame(keys: list[str], first_seq: int = 0) -> pd.DataFrame:
     return pd.DataFrame(rows).sample(frac=1, random_state=1)  # Spark's shuffle loses order
 
 
-def runner(location, local_dir: Path, handler=count_handler, **kw) -> GroupRunner:
-    return GroupRunner(handler, RuntimeConfig(location, SLICES, str(local_dir), **kw))
+class Runner:
+    """GroupRunner.run with a fixed clock, returning only the output frame."""
+
+    def __init__(self, location, local_dir: Path, handler, **kw) -> None:
+        self.inner = GroupRunner(
+            HandlerFactory(handler), RuntimeConfig(location, SLICES, str(local_dir), **kw)
+        )
+        self.pending: dict = {}
+
+    def run(self, group: int, query: str, batch: int, pdf, now_ms: int = 1_000) -> pd.DataFrame:
+        out, self.pending = self.inner.run(group, query, batch, pdf, self.pending, now_ms)
+        return out
+
+
+def runner(location, local_dir: Path, handler=count_handler, **kw) -> Runner:
+    return Runner(location, local_dir, handler, **kw)
 
 
 def outputs(out: pd.DataFrame) -> list[dict]:
