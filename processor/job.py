@@ -96,6 +96,8 @@ class BatchReport:
     outputs: int = 0
     committed_slices: int = 0
     segment_bytes: int = 0
+    group_seconds_max: float = 0.0
+    timers_fired: int = 0
     restores: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> str:
@@ -136,12 +138,13 @@ def start(
             for row in df.where("kind = 'metrics'").select("value").collect():
                 m = json.loads(row.value)
                 report.records += m["records"]
+                report.outputs += m["outputs"]
                 report.committed_slices += m["committed_slices"]
                 report.segment_bytes += m["segment_bytes"]
+                report.group_seconds_max = max(report.group_seconds_max, m["seconds"])
+                report.timers_fired += m["timers_fired"]
                 report.restores += m["restores"]
-            out = df.where("kind = 'out'").drop("kind")
-            report.outputs = out.count()
-            sink(out, batch_id)
+            sink(df.where("kind = 'out'").drop("kind"), batch_id)
             log.info("batch %s", report.to_json())
             if on_report is not None:
                 on_report(report)

@@ -211,6 +211,7 @@ class GroupRunner:
         for c, (changes, undo) in zip(commits, deltas, strict=True):
             stores[c.slice][0].commit(changes, c.version, undo)
         metrics["committed_slices"] = len(commits)
+        metrics["outputs"] = len(rows)
         metrics["seconds"] = time.perf_counter() - started
         rows.append(("metrics", -1, batch, 0, "", _dumps(metrics)))
         return pd.DataFrame(rows, columns=_COLUMNS), pending
