@@ -92,13 +92,20 @@ class _Values:
 
     def read(self, db_key: bytes, default: Any, name: str) -> Any:
         raw = self.tx.get(db_key)
-        if raw is None or (raw[0] & 0x80 and ttl.is_expired(raw, self.now_ms, self.watermark_ms)):
+        if raw is None:
+            return default
+        if raw[0] == encoding.MSGPACK:
+            return encoding.decode_msgpack(raw, name)
+        if raw[0] & 0x80 and ttl.is_expired(raw, self.now_ms, self.watermark_ms):
             return default
         return encoding.decode(raw, key=name, allow_pickle=self.allow_pickle)
 
     def write(self, db_key: bytes, value: Any, name: str, ttl_ms: int | None, on: str) -> None:
         if ttl_ms is None:
-            self.tx.put(db_key, encoding.encode(value, key=name, fmt=self.fmt))
+            if self.fmt == encoding.MSGPACK:
+                self.tx.put(db_key, encoding.encode_msgpack(value, name))
+            else:
+                self.tx.put(db_key, encoding.encode(value, key=name, fmt=self.fmt))
             return
         kind = _kind(on)
         base = self.now_ms if kind == keys.PROCESSING else max(self.watermark_ms, 0)
@@ -165,18 +172,27 @@ class KeyedState:
         self._db_key = b""
         self.map = MapState(values)
 
-    def _bind(self, key: str) -> None:
+    def _bind(self, key: str, db_key: bytes) -> None:
         self._key = key
-        self._db_key = keys.data_key(key)
+        self._db_key = db_key
         self.map._key = key
 
     def get(self, default: Any = None) -> Any:
+        raw = self._v.tx.get(self._db_key)
+        if raw is None:
+            return default
+        if raw[0] == encoding.MSGPACK:  # the per-record fast path
+            return encoding.decode_msgpack(raw, self._key)
         return self._v.read(self._db_key, default, self._key)
 
     def set(self, value: Any, ttl_ms: int | None = None, on: str = "processing") -> None:
         """Store a value; with `ttl_ms` it expires that long after the batch's processing time
         (`on="processing"`) or the watermark (`on="event"`)."""
-        self._v.write(self._db_key, value, self._key, ttl_ms, on)
+        v = self._v
+        if ttl_ms is None and v.fmt == encoding.MSGPACK:  # the per-record fast path
+            v.tx.put(self._db_key, encoding.encode_msgpack(value, self._key))
+        else:
+            v.write(self._db_key, value, self._key, ttl_ms, on)
 
     def delete(self) -> None:
         self._v.tx.delete(self._db_key)
@@ -283,9 +299,9 @@ class Context:
         """Event time up to which the job has seen all data (-1 before any)."""
         return self._values.watermark_ms
 
-    def _bind(self, key: str) -> None:
+    def _bind(self, key: str, db_key: bytes | None = None) -> None:
         self.key = key
-        self.state._bind(key)
+        self.state._bind(key, keys.data_key(key) if db_key is None else db_key)
         self.timers._key = key
 
     def _clock(self, now_ms: int, watermark_ms: int) -> None:

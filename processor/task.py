@@ -45,11 +45,13 @@ def run_slice(
     ctx = Context(slice_id, batch_id, tx, value_format, allow_pickle)
     ctx._clock(now_ms, watermark_ms)
     result = SliceResult(outputs=ctx._outputs)
-    if len(events) > 1:
-        tx.prefetch(keys.data_key(k) for k in {e.key for e in events})
+    db_keys = {k: keys.data_key(k) for k in {e.key for e in events}}
+    if len(db_keys) > 1:
+        tx.prefetch(db_keys.values())
     process = handler.process
+    bind = ctx._bind
     for event in events:
-        ctx._bind(event.key)
+        bind(event.key, db_keys[event.key])
         try:
             process(event, ctx)
         except Exception as exc:

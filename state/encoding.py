@@ -27,6 +27,9 @@ FORMATS = {"msgpack": MSGPACK, "json": JSON, "raw": RAW, "pickle": PICKLE}
 _TTL_FLAG = 0x80
 _EXPIRY = struct.Struct(">cQ")
 MAX_VALUE_BYTES = 4 * 1024 * 1024
+_MSGPACK_BYTE = bytes((MSGPACK,))
+_packb = msgpack.packb
+_unpackb = msgpack.unpackb
 
 
 def format_code(name: str) -> int:
@@ -70,6 +73,25 @@ def encode(
     if expires is None:
         return bytes((fmt,)) + payload
     return bytes((fmt | _TTL_FLAG,)) + _EXPIRY.pack(*expires) + payload
+
+
+def encode_msgpack(value: Any, key: str) -> bytes:
+    """`encode` for the common case (msgpack, no expiry), on the per-record path."""
+    try:
+        payload = _packb(value, use_bin_type=True, datetime=False)
+    except (TypeError, ValueError, OverflowError):
+        return encode(value, key=key)  # raises with the full message
+    if len(payload) > MAX_VALUE_BYTES:
+        return encode(value, key=key)
+    return _MSGPACK_BYTE + payload
+
+
+def decode_msgpack(raw: bytes, key: str) -> Any:
+    """`decode` for a value known to start with the msgpack format byte."""
+    try:
+        return _unpackb(raw[1:], raw=False, strict_map_key=False, ext_hook=_no_ext)
+    except Exception:  # noqa: BLE001 - the general path raises the precise error
+        return decode(raw, key=key)
 
 
 def expiry(raw: bytes) -> tuple[bytes, int] | None:
