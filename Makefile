@@ -42,5 +42,8 @@ lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
+bench: setup
+	$(PY) -m bench.state_loop --json > bench/results/state_loop.json
+
 clean:
 	rm -rf $(VENV) $(TOOLS) .pytest_cache .hypothesis *.egg-info

@@ -45,7 +45,11 @@ def run_slice(
     ctx = Context(slice_id, batch_id, tx, value_format, allow_pickle)
     ctx._clock(now_ms, watermark_ms)
     result = SliceResult(outputs=ctx._outputs)
-    db_keys = {k: keys.data_key(k) for k in {e.key for e in events}}
+    data_key = keys.data_key
+    db_keys: dict[str, bytes] = {}
+    for e in events:
+        if e.key not in db_keys:
+            db_keys[e.key] = data_key(e.key)
     if len(db_keys) > 1:
         tx.prefetch(db_keys.values())
     process = handler.process

@@ -46,7 +46,10 @@ def unescape(raw: bytes) -> str:
 
 def data_key(key: str) -> bytes:
     """The store key of a record key's value; every entry of the key starts with it."""
-    return DATA + escape(key) + _TERMINATOR
+    raw = key.encode("utf-8")
+    if b"\x00" in raw:
+        raw = raw.replace(b"\x00", b"\x00\xff")
+    return DATA + raw + _TERMINATOR
 
 
 def record_key(db_key: bytes) -> str:

@@ -1,0 +1,1 @@
+"""Benchmarks of shardless internals, run without Spark (`python -m bench.<name>`)."""
