@@ -65,6 +65,8 @@ def _run(args: argparse.Namespace) -> int:
         groups=args.groups,
         starting_position=args.starting_position,
         max_records_per_shard=args.max_records_per_shard,
+        allowed_lateness_ms=args.allowed_lateness_ms,
+        value_format=args.value_format,
         **({"local_dir": args.local_dir} if args.local_dir else {}),
     )
     spark = session(args.master, groups=cfg.groups, app_name=f"shardless-{cfg.app}")
@@ -112,6 +114,18 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--output", help="write outputs as Parquet here (default: console)")
     run.add_argument("--starting-position", default="TRIM_HORIZON")
     run.add_argument("--max-records-per-shard", type=int, default=10_000)
+    run.add_argument(
+        "--allowed-lateness-ms",
+        type=int,
+        default=0,
+        help="event time: the watermark trails the latest arrival by this much",
+    )
+    run.add_argument(
+        "--value-format",
+        choices=("msgpack", "json", "raw", "pickle"),
+        default="msgpack",
+        help="how state values are stored",
+    )
     run.add_argument("--master", default="local[2]")
     when = run.add_mutually_exclusive_group()
     when.add_argument("--available-now", action="store_true", help="process what is there, stop")
