@@ -166,3 +166,29 @@ def test_older_batch_than_the_committed_state_is_refused(location, tmp_path):
     r.run(0, "q", 5, frame(["user-1"]))
     with pytest.raises(ProcessorError, match="checkpoint is older than the state"):
         r.run(0, "q", 4, frame(["user-1"]))
+
+
+def test_timers_survive_a_lost_store_and_fire_in_a_batch_without_records(location, tmp_path):
+    """Timers are state: set in one batch, the store lost, then a call with no records
+    (Spark's timeout) restores the slice from S3 and fires them once."""
+
+    def process(event, ctx):
+        ctx.timers.set(ctx.now_ms + 500)
+
+    def on_timer(timer, ctx):
+        ctx.emit({"fired": timer.key, "at": timer.ts})
+
+    r = Runner(location, tmp_path, process)
+    r.inner.handlers = HandlerFactory(process, on_timer=on_timer)
+    r.run(0, "q", 0, frame(["a", "b"]), now_ms=1_000)
+    assert set(r.pending) == {route("a", None, SLICES), route("b", None, SLICES)}
+    for path in tmp_path.glob("*/w*/slice-*"):
+        shutil.rmtree(path)
+    early = r.run(0, "q", 1, None, now_ms=1_400)
+    assert outputs(early) == []
+    due = r.run(0, "q", 2, None, now_ms=1_500)
+    assert sorted(o["fired"] for o in outputs(due)) == ["a", "b"]
+    metrics = json.loads(due[due.kind == "metrics"].value.iloc[0])
+    assert metrics["timers_fired"] == 2 and r.pending == {}
+    assert metrics["restores"] and all(m["from_version"] == 0 for m in metrics["restores"])
+    assert outputs(r.run(0, "q", 3, None, now_ms=5_000)) == []  # fired once
