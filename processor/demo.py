@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import sys
 import tempfile
@@ -38,7 +39,7 @@ ZIPF_S = 1.1
 SHARDS = 4
 SLICES = 256
 # Two executors of one core each: one Python worker per executor keeps slices sticky.
-MASTER = "local-cluster[2,1,1024]"
+MASTER = os.environ.get("SHARDLESS_DEMO_MASTER", "local-cluster[2,1,1024]")
 WIPED_SLICES = list(range(0, SLICES, 16))
 APP_FILE = Path(__file__).resolve().parents[1] / "examples" / "user_activity.py"
 
