@@ -83,6 +83,17 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _produce(args: argparse.Namespace) -> int:
+    from changelog import aws
+    from processor.producer import ensure_stream, produce
+
+    kinesis = aws.client("kinesis")
+    ensure_stream(kinesis, args.stream, args.shards)
+    seconds = produce(kinesis, args.stream, args.events, args.users, args.zipf, args.seed)
+    print(f"put {args.events} events for {args.users} users into {args.stream} in {seconds:.1f}s")
+    return 0
+
+
 def _demo(_: argparse.Namespace) -> int:
     from processor import demo
 
@@ -131,6 +142,15 @@ def parser() -> argparse.ArgumentParser:
     when.add_argument("--available-now", action="store_true", help="process what is there, stop")
     when.add_argument("--trigger", help="processing-time trigger, e.g. '5 seconds'")
     run.set_defaults(func=_run)
+
+    produce = sub.add_parser("produce", help="put sample per-user events into a stream")
+    produce.add_argument("--stream", required=True)
+    produce.add_argument("--shards", type=int, default=4, help="if the stream must be created")
+    produce.add_argument("--events", type=int, default=100_000)
+    produce.add_argument("--users", type=int, default=5_000)
+    produce.add_argument("--zipf", type=float, default=1.1, help="skew of user ids")
+    produce.add_argument("--seed", type=int, default=7)
+    produce.set_defaults(func=_produce)
 
     demo = sub.add_parser("demo", help="the end-to-end demo on local emulators")
     demo.set_defaults(func=_demo)

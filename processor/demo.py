@@ -20,13 +20,13 @@ from collections import defaultdict
 from pathlib import Path
 
 import boto3
-import numpy as np
 
 from changelog.durable import DurableState
 from changelog.restore import catch_up
 from processor import local_aws
 from processor.config import JobConfig
 from processor.job import BatchReport, parquet_sink, start
+from processor.producer import ensure_stream, produce
 from state import encoding
 from state.keys import record_key
 from state.store import SliceStore
@@ -42,30 +42,6 @@ SLICES = 256
 MASTER = os.environ.get("SHARDLESS_DEMO_MASTER", "local-cluster[2,1,1024]")
 WIPED_SLICES = list(range(0, SLICES, 16))
 APP_FILE = Path(__file__).resolve().parents[1] / "examples" / "user_activity.py"
-
-
-def produce(kinesis, stream: str, seed: int = 7) -> float:  # noqa: ANN001
-    """Put EVENTS events for USERS users, Zipf-skewed like real user ids; return seconds."""
-    rng = np.random.default_rng(seed)
-    weights = 1.0 / np.arange(1, USERS + 1) ** ZIPF_S
-    users = rng.choice(USERS, size=EVENTS, p=weights / weights.sum())
-    actions = rng.choice(["view", "click", "buy"], size=EVENTS, p=[0.8, 0.17, 0.03])
-    base = 1_700_000_000_000
-    started = time.perf_counter()
-    for lo in range(0, EVENTS, 500):
-        batch = [
-            {
-                "PartitionKey": f"user-{users[i]:05d}",
-                "Data": json.dumps(
-                    {"user": f"user-{users[i]:05d}", "ts": base + i * 10, "action": actions[i]}
-                ).encode(),
-            }
-            for i in range(lo, min(lo + 500, EVENTS))
-        ]
-        while batch:
-            out = kinesis.put_records(StreamName=stream, Records=batch)
-            batch = [r for r, res in zip(batch, out["Records"], strict=True) if "ErrorCode" in res]
-    return time.perf_counter() - started
 
 
 def reference_fold(kinesis, stream: str) -> tuple[dict[str, dict], int]:  # noqa: ANN001
@@ -148,11 +124,8 @@ def _run(work: Path) -> int:
 
     kinesis = boto3.client("kinesis")
     stream = "demo-user-events"
-    kinesis.create_stream(StreamName=stream, ShardCount=SHARDS)
-    kinesis.get_waiter("stream_exists").wait(
-        StreamName=stream, WaiterConfig={"Delay": 0.1, "MaxAttempts": 100}
-    )
-    produce_s = produce(kinesis, stream)
+    ensure_stream(kinesis, stream, SHARDS)
+    produce_s = produce(kinesis, stream, EVENTS, USERS, ZIPF_S)
     print(f"produced {EVENTS:,} events for {USERS:,} users (Zipf s={ZIPF_S}) in {produce_s:.1f}s")
 
     cfg = JobConfig(

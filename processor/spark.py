@@ -9,6 +9,8 @@ from pyspark.sql import SparkSession
 
 from processor.kinesis.source import KinesisDataSource
 
+_FORWARDED_ENV = ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION", "SHARDLESS_")
+
 
 def session(master: str = "local[2]", groups: int = 8, app_name: str = "shardless") -> SparkSession:
     """Create (or reuse) the process's session, with the Kinesis source registered.
@@ -20,9 +22,14 @@ def session(master: str = "local[2]", groups: int = 8, app_name: str = "shardles
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = SparkSession.builder.master(master)
+    if not master.startswith("local"):
+        # Executors on other hosts reach the same endpoints and region as the driver.
+        for name, value in os.environ.items():
+            if name.startswith(_FORWARDED_ENV):
+                builder = builder.config(f"spark.executorEnv.{name}", value)
     spark = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
+        builder.appName(app_name)
         .config("spark.sql.shuffle.partitions", str(groups))
         .config("spark.python.worker.reuse", "true")
         .config("spark.ui.enabled", "false")
