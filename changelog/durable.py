@@ -84,8 +84,9 @@ class DurableState:
         except ClientError as exc:
             if exc.response["Error"]["Code"] in {"NoSuchKey", "404"}:
                 raise CommitConflictError(
-                    f"{where} is referenced by the slice's head but missing; run "
-                    "`shardless state verify`"
+                    f"{where} is referenced by the slice's head but missing from the "
+                    "bucket: it was deleted outside shardless, and the slice cannot be "
+                    "restored past it until the object is recovered (S3 versioning)"
                 ) from exc
             raise
         return decode_section(raw, slice_id=slice_id, version=entry.version, where=where)

@@ -68,7 +68,7 @@ def _ensure_table(loc: AppLocation) -> None:
         if _code(exc) in _DENIED:
             raise ConfigurationError(
                 f"no access to DynamoDB table {loc.table} at {aws.where('dynamodb')}: grant "
-                "dynamodb:DescribeTable, GetItem, BatchGetItem, Query, PutItem, "
+                "dynamodb:DescribeTable, GetItem, BatchGetItem, Query, PutItem, UpdateItem, "
                 "TransactWriteItems on it"
             ) from exc
         if _code(exc) != "ResourceNotFoundException":
