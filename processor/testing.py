@@ -27,7 +27,7 @@ from processor.app import load_handler
 from processor.handlers import HandlerFactory
 from processor.routing import route
 from processor.task import run_slice
-from state import encoding, keys, timers
+from state import encoding, keys, timers, ttl
 from state.slices import DEFAULT_SLICES
 from state.store import SliceStore
 from state.transaction import Transaction
@@ -124,15 +124,23 @@ class TestDriver:
 
     # -- inspection ----------------------------------------------------------------------
 
+    def _live(self, raw: bytes) -> bool:
+        return not ttl.is_expired(raw, self.now_ms, self.watermark_ms)
+
     def state(self, key: str, default: Any = None) -> Any:
+        """The key's value as a handler would see it now (expired values are absent)."""
         raw = self._store(self._slice(key)).get(keys.data_key(key))
-        return default if raw is None else encoding.decode(raw, allow_pickle=self.allow_pickle)
+        if raw is None or not self._live(raw):
+            return default
+        return encoding.decode(raw, allow_pickle=self.allow_pickle)
 
     def map_state(self, key: str) -> dict[str, Any]:
+        """The key's map entries as a handler would see them now."""
         store = self._store(self._slice(key))
         return {
             keys.map_sub(k, key): encoding.decode(v, allow_pickle=self.allow_pickle)
             for k, v in store.items(*keys.map_range(key))
+            if self._live(v)
         }
 
     def timers(self, key: str) -> list[Timer]:
