@@ -79,7 +79,14 @@ def _run(args: argparse.Namespace) -> int:
         available_now=args.available_now,
         processing_time=args.trigger,
     )
-    query.awaitTermination()
+    try:
+        query.awaitTermination()
+    except Exception as exc:
+        # Spark wraps a failed batch in pages of JVM trace; the cause is one of our lines.
+        for line in str(exc).splitlines():
+            if "processor.errors." in line or "changelog.errors." in line:
+                raise ProcessorError(line.split(": ", 1)[-1]) from exc
+        raise
     return 0
 
 

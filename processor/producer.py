@@ -32,7 +32,10 @@ def produce(
     zipf_s: float = 1.1,
     seed: int = 7,
 ) -> float:
-    """Put `events` events `{"user", "ts", "action"}` keyed by user; return the seconds taken.
+    """Put `events` events keyed by user; return the seconds taken.
+
+    Each event is `{"id", "user", "ts", "action", "page", "category", "amount"}`, enough for
+    every example app but the enrichment one.
 
     Failed records of a PutRecords call are retried until every record is in.
     """
@@ -40,6 +43,9 @@ def produce(
     weights = 1.0 / np.arange(1, users + 1) ** zipf_s
     picks = rng.choice(users, size=events, p=weights / weights.sum())
     actions = rng.choice(["view", "click", "buy"], size=events, p=[0.8, 0.17, 0.03])
+    pages = rng.choice(["/", "/search", "/item", "/cart", "/checkout"], size=events)
+    categories = rng.choice(["books", "games", "music", "garden"], size=events)
+    amounts = np.round(rng.gamma(2.0, 15.0, size=events), 2)
     base = 1_700_000_000_000
     started = time.perf_counter()
     for lo in range(0, events, 500):
@@ -47,7 +53,15 @@ def produce(
             {
                 "PartitionKey": f"user-{picks[i]:05d}",
                 "Data": json.dumps(
-                    {"user": f"user-{picks[i]:05d}", "ts": base + i * 10, "action": actions[i]}
+                    {
+                        "id": f"e{seed}-{i}",
+                        "user": f"user-{picks[i]:05d}",
+                        "ts": base + i * 10,
+                        "action": str(actions[i]),
+                        "page": str(pages[i]),
+                        "category": str(categories[i]),
+                        "amount": float(amounts[i]),
+                    }
                 ).encode(),
             }
             for i in range(lo, min(lo + 500, events))

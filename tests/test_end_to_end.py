@@ -161,3 +161,37 @@ def test_timers_fire_in_slices_that_receive_no_more_records(
     assert sorted(fired) == keys
     firing = [r for r in reports if r.outputs]
     assert firing and all(r.records == 0 for r in firing)
+
+
+def test_cli_run_reports_a_failing_handler_in_one_line(
+    spark, kinesis, make_stream, location, tmp_path, capsys
+):
+    from processor import cli
+
+    stream = make_stream(1)
+    kinesis.put_record(StreamName=stream, PartitionKey="k", Data=b"{}")
+    app = tmp_path / "bad.py"
+    app.write_text("def process(event, ctx):\n    raise ValueError('boom')\n")
+    code = cli.main(
+        [
+            "run",
+            str(app),
+            "--app",
+            location.app,
+            "--stream",
+            stream,
+            "--slices",
+            "16",
+            "--groups",
+            "4",
+            "--available-now",
+            "--checkpoint",
+            str(tmp_path / "ck"),
+            "--local-dir",
+            str(tmp_path / "st"),
+        ]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err[-1].startswith("shardless: handler failed on record ")
+    assert "(key 'k', slice" in err[-1] and err[-1].endswith("ValueError: boom")
