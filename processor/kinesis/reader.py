@@ -85,6 +85,11 @@ class _Shard:
                 if code == "ExpiredIteratorException":
                     self._iterator = self._new_iterator()
                     continue
+                if code == "ResourceNotFoundException":
+                    raise SourceError(
+                        f"shard {self.read.shard_key} is gone (stream deleted while it was "
+                        "being read)"
+                    ) from exc
                 if code in _THROTTLED and attempt < 10:
                     self.throttles += 1
                     attempt += 1
