@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,14 +11,7 @@ import pytest
 from botocore.config import Config
 
 from processor import cli, local_aws
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+from tests.test_local_aws import _alive
 
 
 def _exports(stdout: str) -> dict[str, str]:
