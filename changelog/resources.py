@@ -128,19 +128,3 @@ def _ensure_meta(loc: AppLocation, slices: int) -> None:
             f"configured with {slices}: run with --slices {existing}, or start a new application "
             "name to begin from empty state"
         )
-
-
-def app_slices(loc: AppLocation) -> int | None:
-    """The slice count recorded for an application, or None when it has no state yet."""
-    ddb = aws.client("dynamodb")
-    try:
-        found = ddb.get_item(
-            TableName=loc.table,
-            Key={"pk": {"S": APP_PK}, "sk": {"S": META_SK}},
-            ConsistentRead=True,
-        ).get("Item")
-    except ClientError as exc:
-        if _code(exc) == "ResourceNotFoundException":
-            return None
-        raise
-    return None if found is None else int(found["slices"]["N"])

@@ -137,11 +137,6 @@ class StoreCache:
             futures = {s: pool.submit(self.acquire, s, h, v, durable) for s, h, v in wanted}
             return {s: f.result() for s, f in futures.items()}
 
-    def close_all(self) -> None:
-        for store in self._open.values():
-            store.close()
-        self._open.clear()
-
 
 _caches: dict[tuple[str, str, int], StoreCache] = {}
 

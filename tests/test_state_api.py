@@ -27,12 +27,9 @@ def test_keyed_state_counts_per_key_and_reads_its_own_writes():
     d = TestDriver(handler)
     for k in ["a", "b", "a", "a"]:
         d.send(k, b"")
-    assert d.run_batch() == [("a", 1), ("a", 2), ("a", 3), ("b", 1)] or sorted(d.outputs) == [
-        ("a", 1),
-        ("a", 2),
-        ("a", 3),
-        ("b", 1),
-    ]
+    out = d.run_batch()
+    assert sorted(out) == [("a", 1), ("a", 2), ("a", 3), ("b", 1)]
+    assert [n for k, n in out if k == "a"] == [1, 2, 3]  # per key, in record order
     assert (d.state("a"), d.state("b"), d.state("c", "none")) == (3, 1, "none")
     assert sorted(seen) == [1, 1, 2, 3]
 
@@ -61,7 +58,7 @@ def test_map_state_iterates_sub_keys_in_order_with_ranges():
         ctx.emit(
             {
                 "all": list(ctx.state.map.items()),
-                "range": ctx.state.map.keys() and list(ctx.state.map.items("b", "c")),
+                "range": list(ctx.state.map.items("b", "c")),
                 "has_a": "a" in ctx.state.map,
             }
         )
