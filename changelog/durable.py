@@ -2,13 +2,20 @@
 
 A Spark task commits all the slices it changed in a batch with one S3 PUT and one
 DynamoDB transaction per 100 slices; slices without changes cost nothing. Each head
-update is conditional on the head the task started from, so a stale attempt cannot
-commit over a newer one, and its segment is never referenced.
+update is conditional on the version and owner epoch the task started from, so a stale,
+zombie or speculative attempt cannot commit over another, and its segment is never
+referenced.
+
+A worker claims a slice before using it (`claim`): the epoch goes up by one, which fences
+every earlier owner. Claims cost a write only when a slice changes hands.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+import socket
+import time
+from dataclasses import dataclass, replace
 
 from botocore.exceptions import ClientError
 
@@ -19,14 +26,17 @@ from changelog.layout import (
     AppLocation,
     Head,
     LogEntry,
+    SnapRef,
     encode_log,
+    encode_snaps,
     head_from_item,
     new_uid,
-    next_log,
+    next_history,
     segment_key,
     slice_pk,
 )
 from changelog.segment import decode_section, encode_segment
+from changelog.snapshot import is_missing, missing
 from state.store import Change
 
 _SLICES_PER_TRANSACTION = 100  # DynamoDB's limit of items per transaction
@@ -34,21 +44,38 @@ _SLICES_PER_TRANSACTION = 100  # DynamoDB's limit of items per transaction
 
 @dataclass(frozen=True)
 class SliceCommit:
-    """What one slice commits in a batch: its new version, based on `expected`.
-
-    With `base`, `changes` is the slice's whole state at `version` rather than a delta.
-    """
+    """What one slice commits in a batch: its new version, based on `expected` (the head
+    the writer read or claimed), and a snapshot of the version before, if one was taken."""
 
     slice: int
     version: int
     expected: Head | None
     changes: list[Change]
-    base: bool = False
+    snapshot: SnapRef | None = None
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """The segment a commit wrote (its uid tags the local stores) and what it cost."""
+
+    uid: str
+    bytes: int
+    transactions: int
+
+
+def owner_name() -> str:
+    """Who this process is, as recorded in the heads of the slices it owns."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 class DurableState:
-    def __init__(self, loc: AppLocation) -> None:
+    def __init__(self, loc: AppLocation, keep_snapshots: int = 3) -> None:
         self.loc = loc
+        self.keep_snapshots = keep_snapshots
 
     @property
     def _s3(self):  # noqa: ANN202
@@ -82,23 +109,21 @@ class DurableState:
                 Bucket=self.loc.bucket, Key=key, Range=f"bytes={entry.offset}-{end}"
             )["Body"].read()
         except ClientError as exc:
-            if exc.response["Error"]["Code"] in {"NoSuchKey", "404"}:
-                raise CommitConflictError(
-                    f"{where} is referenced by the slice's head but missing from the "
-                    "bucket: it was deleted outside shardless, and the slice cannot be "
-                    "restored past it until the object is recovered (S3 versioning)"
-                ) from exc
+            if is_missing(exc):
+                raise missing(where) from exc
             raise
         return decode_section(raw, slice_id=slice_id, version=entry.version, where=where)
 
-    def commit(self, query: str, batch: int, group: int, commits: list[SliceCommit]) -> int:
-        """Persist the changes of several slices; return the bytes written to S3.
+    def commit(
+        self, query: str, batch: int, group: int, commits: list[SliceCommit]
+    ) -> CommitResult:
+        """Persist the changes of several slices; return the segment's uid and size.
 
         The segment is written first; the DynamoDB transaction then makes it part of the
         slices' committed history. If the transaction loses, the segment stays unreferenced.
         """
         if not commits:
-            return 0
+            return CommitResult("", 0, 0)
         uid = new_uid()
         info = {"app": self.loc.app, "query": query, "batch": batch, "group": group}
         body, refs = encode_segment(info, [(c.slice, c.version, c.changes) for c in commits])
@@ -106,12 +131,12 @@ class DurableState:
             Bucket=self.loc.bucket, Key=segment_key(self.loc, batch, group, uid), Body=body
         )
         updates = []
+        now = _now_ms()
         for c, ref in zip(commits, refs, strict=True):
-            entry = LogEntry(
-                c.version, batch, group, uid, ref.offset, ref.length, ref.records, c.base
-            )
-            old = c.expected.log if c.expected else ()
-            updates.append({"Update": self._head_update(c, query, batch, next_log(old, entry))})
+            entry = LogEntry(c.version, batch, group, uid, ref.offset, ref.length, ref.records)
+            old = c.expected or Head(c.slice, 0, "", -1)
+            log, snaps = next_history(old.log, old.snaps, entry, c.snapshot, self.keep_snapshots)
+            updates.append({"Update": self._head_update(c, query, batch, log, snaps, now)})
         for i in range(0, len(updates), _SLICES_PER_TRANSACTION):
             chunk = updates[i : i + _SLICES_PER_TRANSACTION]
             try:
@@ -121,41 +146,115 @@ class DurableState:
                     lost = [c.slice for c in commits[i : i + _SLICES_PER_TRANSACTION]]
                     raise CommitConflictError(
                         f"batch {batch}: commit of slices {lost} lost to another writer (a "
-                        "retried, speculative or newer attempt); this attempt's output is "
-                        "discarded"
+                        "retried, speculative, zombie or newer attempt, or a new owner); "
+                        "this attempt's output is discarded"
                     ) from exc
                 raise
-        return len(body)
+        return CommitResult(uid, len(body), -(-len(updates) // _SLICES_PER_TRANSACTION))
+
+    def claim(self, heads: dict[int, Head | None], owner: str | None = None) -> dict[int, Head]:
+        """Take ownership of slices: raise each one's epoch by one, conditional on the head
+        read (`None`: never written). Returns the claimed heads; every commit based on an
+        older epoch fails from now on. Raises CommitConflictError when another writer
+        changed a head in between."""
+        owner = owner or owner_name()
+        now = _now_ms()
+        claimed: dict[int, Head] = {}
+        items = []
+        for s, head in sorted(heads.items()):
+            old = head or Head(s, 0, "", -1)
+            new = replace(old, epoch=old.epoch + 1, owner=owner, claimed_ms=now)
+            claimed[s] = new
+            key = {"pk": {"S": slice_pk(s)}, "sk": {"S": HEAD_SK}}
+            names = {"#e": "epoch", "#o": "owner", "#c": "claimed"}
+            values = {
+                ":e": {"N": str(new.epoch)},
+                ":o": {"S": owner},
+                ":c": {"N": str(now)},
+            }
+            if head is None:
+                update = {
+                    "UpdateExpression": "SET #e = :e, #o = :o, #c = :c, #v = :zero, #q = :nq, "
+                    "#b = :nb",
+                    "ConditionExpression": "attribute_not_exists(pk)",
+                }
+                names.update({"#v": "version", "#q": "query", "#b": "batch"})
+                values.update({":zero": {"N": "0"}, ":nq": {"S": ""}, ":nb": {"N": "-1"}})
+            else:
+                update = {
+                    "UpdateExpression": "SET #e = :e, #o = :o, #c = :c",
+                    "ConditionExpression": "#v = :ev AND "
+                    + ("#e = :ee" if old.epoch else "(attribute_not_exists(#e) OR #e = :ee)"),
+                }
+                names["#v"] = "version"
+                values.update({":ev": {"N": str(old.version)}, ":ee": {"N": str(old.epoch)}})
+            update.update(
+                TableName=self.loc.table,
+                Key=key,
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=values,
+            )
+            items.append({"Update": update})
+        slices = sorted(heads)
+        for i in range(0, len(items), _SLICES_PER_TRANSACTION):
+            try:
+                self._ddb.transact_write_items(TransactItems=items[i : i + _SLICES_PER_TRANSACTION])
+            except ClientError as exc:
+                if exc.response["Error"]["Code"] == "TransactionCanceledException":
+                    raise CommitConflictError(
+                        f"claim of slices {slices[i : i + _SLICES_PER_TRANSACTION]} lost: "
+                        "another worker committed or claimed them since their heads were read"
+                    ) from exc
+                raise
+        return claimed
 
     def _head_update(
-        self, c: SliceCommit, query: str, batch: int, log: tuple[LogEntry, ...]
+        self,
+        c: SliceCommit,
+        query: str,
+        batch: int,
+        log: tuple[LogEntry, ...],
+        snaps: tuple[SnapRef, ...],
+        now_ms: int,
     ) -> dict:
         update = {
             "TableName": self.loc.table,
             "Key": {"pk": {"S": slice_pk(c.slice)}, "sk": {"S": HEAD_SK}},
-            "UpdateExpression": "SET #v = :v, #q = :q, #b = :b, #l = :l",
+            "UpdateExpression": "SET #v = :v, #q = :q, #b = :b, #l = :l, #s = :s, #a = :a",
             "ExpressionAttributeNames": {
                 "#v": "version",
                 "#q": "query",
                 "#b": "batch",
                 "#l": "log",
+                "#s": "snaps",
+                "#a": "at",
             },
             "ExpressionAttributeValues": {
                 ":v": {"N": str(c.version)},
                 ":q": {"S": query},
                 ":b": {"N": str(batch)},
                 ":l": {"B": encode_log(log)},
+                ":s": {"B": encode_snaps(snaps)},
+                ":a": {"N": str(now_ms)},
             },
         }
         if c.expected is None:
             update["ConditionExpression"] = "attribute_not_exists(pk)"
         else:
-            update["ConditionExpression"] = "#v = :ev AND #q = :eq AND #b = :eb"
-            update["ExpressionAttributeValues"].update(
+            cond = "#v = :ev AND #q = :eq AND #b = :eb"
+            values = update["ExpressionAttributeValues"]
+            values.update(
                 {
                     ":ev": {"N": str(c.expected.version)},
                     ":eq": {"S": c.expected.query},
                     ":eb": {"N": str(c.expected.batch)},
                 }
             )
+            update["ExpressionAttributeNames"]["#e"] = "epoch"
+            if c.expected.epoch:
+                cond += " AND #e = :ee"
+                values[":ee"] = {"N": str(c.expected.epoch)}
+            else:
+                cond += " AND attribute_not_exists(#e)"
+            update["ConditionExpression"] = cond
         return update

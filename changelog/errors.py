@@ -19,3 +19,7 @@ class CommitConflictError(ChangelogError):
 
 class ContinuityError(ChangelogError):
     """The commit log of a slice has a gap; restore refuses rather than guess."""
+
+
+class MissingObjectError(ChangelogError):
+    """An object that committed state references is gone from the bucket."""

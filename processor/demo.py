@@ -22,14 +22,13 @@ from pathlib import Path
 import boto3
 
 from changelog.durable import DurableState
-from changelog.restore import catch_up
+from changelog.restore import materialize
 from processor import local_aws
 from processor.config import JobConfig
 from processor.job import BatchReport, parquet_sink, start
 from processor.producer import ensure_stream, produce
 from state import encoding
 from state.keys import record_key
-from state.store import SliceStore
 
 log = logging.getLogger("shardless.demo")
 
@@ -70,8 +69,7 @@ def durable_state(cfg: JobConfig, scratch: Path) -> tuple[dict[str, dict], int]:
     heads = durable.heads(list(range(cfg.slices)))
     state: dict[str, dict] = {}
     for s, head in heads.items():
-        store = SliceStore(scratch / f"slice-{s}", {"app": cfg.app, "slice": s})
-        catch_up(store, durable, head, head.version)
+        store, _ = materialize(durable, head, scratch / f"slice-{s}", cfg.slices)
         for k, v in store.items():
             state[record_key(k)] = encoding.decode(v)
         store.close()

@@ -1,10 +1,16 @@
-"""moto server, with one performance fix for DynamoDB transactions.
+"""moto server, with two fixes to its DynamoDB that make it behave like the service.
 
-moto 5.2 deep-copies a whole table once per *item* of a TransactWriteItems call, to roll
-back on failure; a 100-item transaction over a table of a few thousand items then takes
-seconds. This entry point makes those copies once per table per call (the same rollback
-semantics), then runs moto's own server unchanged: `python -m processor.moto_server -H
-127.0.0.1 -p PORT`.
+- Speed: moto 5.2 deep-copies a whole table once per *item* of a TransactWriteItems call,
+  to roll back on failure; a 100-item transaction over a table of a few thousand items
+  then takes seconds. This entry point makes those copies once per table per call (the
+  same rollback semantics).
+- Isolation: moto's threaded server runs requests concurrently with no locking, so two
+  conditional writes racing on one item can both pass their condition (seen with two
+  committers racing). DynamoDB serialises them; here every DynamoDB operation takes one
+  lock, which is what the service guarantees per item, and more.
+
+Then it runs moto's own server unchanged: `python -m processor.moto_server -H 127.0.0.1
+-p PORT`.
 """
 
 from __future__ import annotations
@@ -48,6 +54,32 @@ def _patch() -> None:
 
     backend.transact_write_items = transact_write_items
     ddb_models.copy = _CopyOncePerTransaction()
+    for name in _SERIALISED:
+        setattr(backend, name, _serialised(getattr(backend, name)))
+
+
+_lock = threading.RLock()
+_SERIALISED = (
+    "batch_get_item",
+    "batch_write_item",
+    "delete_item",
+    "execute_transaction",
+    "get_item",
+    "put_item",
+    "query",
+    "scan",
+    "transact_get_items",
+    "transact_write_items",
+    "update_item",
+)
+
+
+def _serialised(method: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with _lock:
+            return method(*args, **kwargs)
+
+    return call
 
 
 if __name__ == "__main__":

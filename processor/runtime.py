@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
@@ -30,7 +33,8 @@ import numpy as np
 import pandas as pd
 
 from changelog.durable import DurableState, SliceCommit
-from changelog.layout import AppLocation, Head
+from changelog.layout import AppLocation, Head, SnapRef, new_uid, snapshot_due
+from changelog.snapshot import read_manifest, write_snapshot
 from processor.api import Event
 from processor.errors import ProcessorError
 from processor.handlers import HandlerFactory, handler_for
@@ -55,10 +59,39 @@ class RuntimeConfig:
     location: AppLocation
     slices: int
     local_dir: str
-    log_entries_per_base: int = 32
+    snapshot_every: int = 32
+    snapshot_log_bytes: int = 64 * 1024 * 1024
+    keep_snapshots: int = 3
     value_format: int = encoding.MSGPACK
     allow_pickle: bool = False
     timer_poll_ms: int = 1000
+
+
+_snapshot_lock = threading.Lock()
+_snapshot_pool: ThreadPoolExecutor | None = None
+
+
+def _snapshots() -> ThreadPoolExecutor:
+    global _snapshot_pool
+    with _snapshot_lock:
+        if _snapshot_pool is None:
+            _snapshot_pool = ThreadPoolExecutor(4, thread_name_prefix="shardless-snapshot")
+        return _snapshot_pool
+
+
+def _take_snapshot(
+    loc: AppLocation, slice_id: int, version: int, checkpoint: Any, head: Head | None
+) -> tuple[SnapRef, int]:
+    """Upload a checkpoint taken at `version`; return its reference and the bytes sent."""
+    try:
+        previous = None
+        if head is not None and head.snaps:
+            last = head.snaps[-1]
+            previous = read_manifest(loc, last.key, slice_id=slice_id, version=last.version)
+        ref, _, sent = write_snapshot(loc, slice_id, version, checkpoint, previous)
+        return ref, sent
+    finally:
+        shutil.rmtree(checkpoint, ignore_errors=True)
 
 
 def _dumps(value: Any) -> str:
@@ -102,6 +135,14 @@ def _events(pdf: pd.DataFrame, lo: int, hi: int, cols: dict[str, list]) -> list[
         )
         for i in range(lo, hi)
     ]
+
+
+def _snapshot_result(s: int, future: Future) -> tuple[SnapRef, int] | None:
+    try:
+        return future.result()
+    except Exception as exc:  # noqa: BLE001 - a snapshot is an optimisation; commit without it
+        log.warning("slice %s: snapshot failed, committing without it: %s", s, exc)
+        return None
 
 
 class GroupRunner:
@@ -177,16 +218,27 @@ class GroupRunner:
         rows: list[tuple] = []
         commits: list[SliceCommit] = []
         deltas: list[tuple[list, list]] = []
-        durable = DurableState(cfg.location)
+        durable = DurableState(cfg.location, cfg.keep_snapshots)
         heads = durable.heads(slices) if slices else {}
         cache = cache_for(cfg.local_dir, cfg.location.app, cfg.slices)
         plans = [_plan(s, heads.get(s), query, batch) for s in slices]
         stores = cache.acquire_many([(s, heads.get(s), base) for s, base, _ in plans], durable)
-        for _store, restored in stores.values():
+        for _store, _head, restored in stores.values():
             if restored is not None:
-                metrics["restores"].append(restored.__dict__)
+                metrics["restores"].append(restored.to_dict())
+        snapshots: dict[int, Future] = {}
+        for s, base, _ in plans:
+            head = stores[s][1]
+            if s in spans and snapshot_due(
+                head, base, s, cfg.snapshot_every, cfg.snapshot_log_bytes
+            ):
+                point = cache.own / f"snap-{s:05d}-{new_uid()}"
+                stores[s][0].checkpoint(point)
+                snapshots[s] = _snapshots().submit(
+                    _take_snapshot, cfg.location, s, base, point, head
+                )
         for s, base, rerun in plans:
-            head = heads.get(s)
+            head = stores[s][1]
             tx = Transaction(stores[s][0])
             lo, hi = spans.get(s, (0, 0))
             result = run_slice(
@@ -200,18 +252,36 @@ class GroupRunner:
                 pending[s] = (result.next_processing_timer, result.next_event_timer)
             changes = tx.changes()
             if changes or rerun:
-                log_size = len(head.log) if head else 0
-                if log_size >= cfg.log_entries_per_base:
-                    commits.append(SliceCommit(s, base + 1, head, tx.merged_items(), base=True))
-                else:
-                    commits.append(SliceCommit(s, base + 1, head, changes))
+                commits.append(SliceCommit(s, base + 1, head, changes))
                 deltas.append((changes, tx.undo(changes)))
             rows += [("out", s, batch, j, k, _dumps(v)) for j, (k, v) in enumerate(result.outputs)]
-        metrics["segment_bytes"] = durable.commit(query, batch, group, commits)
+        commits, metrics["snapshots"], metrics["snapshot_bytes"] = self._with_snapshots(
+            commits, snapshots
+        )
+        done = durable.commit(query, batch, group, commits)
+        metrics["segment_bytes"] = done.bytes
         for c, (changes, undo) in zip(commits, deltas, strict=True):
-            stores[c.slice][0].commit(changes, c.version, undo)
+            stores[c.slice][0].commit(changes, c.version, undo, tag=done.uid)
         metrics["committed_slices"] = len(commits)
         metrics["outputs"] = len(rows)
         metrics["seconds"] = time.perf_counter() - started
         rows.append(("metrics", -1, batch, 0, "", _dumps(metrics)))
         return pd.DataFrame(rows, columns=_COLUMNS), pending
+
+    @staticmethod
+    def _with_snapshots(
+        commits: list[SliceCommit], snapshots: dict[int, Future]
+    ) -> tuple[list[SliceCommit], int, int]:
+        """Attach the snapshots taken this batch to their slices' commits. A snapshot that
+        failed is left out (logged); one of a slice that commits nothing is unreferenced
+        and garbage-collected."""
+        results = {s: _snapshot_result(s, f) for s, f in snapshots.items()}
+        out, count, sent = [], 0, 0
+        for c in commits:
+            found = results.get(c.slice)
+            if found is not None:
+                c = SliceCommit(c.slice, c.version, c.expected, c.changes, found[0])
+                count += 1
+                sent += found[1]
+            out.append(c)
+        return out, count, sent

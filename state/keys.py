@@ -25,6 +25,7 @@ META = b"\x00m/"
 VERSION_KEY = META + b"version"
 IDENTITY_KEY = META + b"identity"
 UNDO_KEY = META + b"undo"
+TAG_KEY = META + b"tag"  # which commit of `version` the store holds (its segment's uid)
 
 MAP = b"m"
 KEY_TIMERS = b"t"

@@ -13,10 +13,18 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import msgpack
-from rocksdict import Options, Rdict, ReadOptions, WriteBatch
+from rocksdict import Checkpoint, Options, Rdict, ReadOptions, WriteBatch
 
 from state.errors import CorruptStoreError
-from state.keys import DATA, DATA_END, IDENTITY_KEY, UNDO_KEY, USER_START, VERSION_KEY
+from state.keys import (
+    DATA,
+    DATA_END,
+    IDENTITY_KEY,
+    TAG_KEY,
+    UNDO_KEY,
+    USER_START,
+    VERSION_KEY,
+)
 
 Change = tuple[bytes, bytes | None]
 
@@ -53,6 +61,12 @@ class SliceStore:
         raw = self._db.get(VERSION_KEY)
         return 0 if raw is None else int(msgpack.unpackb(raw))
 
+    @property
+    def tag(self) -> str:
+        """Which commit of `version` this store holds ("" when unknown)."""
+        raw = self._db.get(TAG_KEY)
+        return "" if raw is None else str(msgpack.unpackb(raw))
+
     def get(self, key: bytes) -> bytes | None:
         return self._db.get(key)
 
@@ -72,9 +86,14 @@ class SliceStore:
         return self.items(USER_START, None)
 
     def commit(
-        self, changes: Iterable[Change], version: int, undo: list[Change] | None = None
+        self,
+        changes: Iterable[Change],
+        version: int,
+        undo: list[Change] | None = None,
+        tag: str = "",
     ) -> None:
-        """Apply `changes` and set the version marker in one atomic write.
+        """Apply `changes` and set the version marker (and `tag`, naming the durable commit
+        of that version) in one atomic write.
 
         With `undo` (the values the changes overwrite), the store can later roll this one
         commit back without reading anything durable.
@@ -86,10 +105,11 @@ class SliceStore:
             else:
                 wb.put(key, value)
         wb.put(VERSION_KEY, msgpack.packb(version))
+        wb.put(TAG_KEY, msgpack.packb(tag))
         if undo is None:
             wb.delete(UNDO_KEY)
         else:
-            wb.put(UNDO_KEY, msgpack.packb([version, [list(c) for c in undo]]))
+            wb.put(UNDO_KEY, msgpack.packb([version, [list(c) for c in undo], self.tag]))
         self._db.write(wb)
 
     def roll_back(self) -> bool:
@@ -97,11 +117,19 @@ class SliceStore:
         raw = self._db.get(UNDO_KEY)
         if raw is None:
             return False
-        version, undo = msgpack.unpackb(raw)
+        version, undo, *rest = msgpack.unpackb(raw)
         if version != self.version:
             return False
-        self.commit([(bytes(k), None if v is None else bytes(v)) for k, v in undo], version - 1)
+        changes = [(bytes(k), None if v is None else bytes(v)) for k, v in undo]
+        self.commit(changes, version - 1, tag=rest[0] if rest else "")
         return True
+
+    def checkpoint(self, dest: Path) -> Path:
+        """A consistent copy of the store in the new directory `dest` (hard links to the
+        immutable SST files, after flushing the memtable)."""
+        Path(dest).parent.mkdir(parents=True, exist_ok=True)
+        Checkpoint(self._db).create_checkpoint(str(dest))
+        return Path(dest)
 
     def exists_on_disk(self) -> bool:
         """False when someone removed the directory under an open handle."""

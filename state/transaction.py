@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from state.keys import DATA, DATA_END, USER_START
+from state.keys import DATA, DATA_END
 from state.store import Change, SliceStore
 
 _DATA_BYTE = DATA[0]
@@ -77,10 +77,6 @@ class Transaction:
         for key, value in overlay[i:]:
             if value is not _DELETED:
                 yield key, value  # type: ignore[misc]
-
-    def merged_items(self) -> list[tuple[bytes, bytes]]:
-        """Every user entry as it will be after this transaction (for a base)."""
-        return list(self.items(USER_START, None))
 
     def changes(self) -> list[Change]:
         """The net changes in key order, deletes as `None`."""

@@ -1,5 +1,6 @@
-"""Properties of a slice head's restore log: bounded, and always able to rebuild both the
-committed version and the one before it (which a re-run of the same batch starts from)."""
+"""Properties of a slice head's restore history (log + retained snapshots): bounded, and
+always able to rebuild the committed version, the one before it (which a re-run of the
+same batch starts from) and every version back to the oldest retained snapshot."""
 
 from __future__ import annotations
 
@@ -7,84 +8,130 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from changelog.layout import LogEntry, decode_log, encode_log, next_log, restore_path
+from changelog.layout import (
+    Head,
+    LogEntry,
+    SnapRef,
+    decode_log,
+    decode_snaps,
+    encode_log,
+    encode_snaps,
+    next_history,
+    plan_restore,
+    snapshot_due,
+)
+
+KEEP = 3
 
 
-def entry(version: int, base: bool = False) -> LogEntry:
-    return LogEntry(version, version, 0, f"{version:032x}", 0, 10, 1, base)
+def entry(version: int, length: int = 10) -> LogEntry:
+    return LogEntry(version, version, 0, f"{version:032x}", 0, length, 1)
 
 
-# A history: each step commits the next version (maybe as a base), or re-runs the last one.
-steps = st.lists(st.tuples(st.sampled_from(["commit", "rerun"]), st.booleans()), max_size=60)
+def snap(version: int, size: int = 25) -> SnapRef:
+    return SnapRef(version, f"snap-{version}", size, 1)
 
 
-def replay(history: list[tuple[str, bool]]) -> tuple[tuple[LogEntry, ...], int]:
+# A history: each step commits the next version or re-runs the last one, with or without a
+# snapshot of the version it starts from.
+steps = st.lists(st.tuples(st.sampled_from(["commit", "rerun"]), st.booleans()), max_size=80)
+
+
+def replay(history: list[tuple[str, bool]]) -> tuple[Head, int]:
     log: tuple[LogEntry, ...] = ()
+    snaps: tuple[SnapRef, ...] = ()
     version = 0
-    for kind, base in history:
-        if kind == "rerun" and version > 0:
-            log = next_log(log, entry(version, base))
-        else:
+    for kind, with_snapshot in history:
+        if not (kind == "rerun" and version > 0):
             version += 1
-            log = next_log(log, entry(version, base))
-    return log, version
+        base = version - 1
+        taken = snap(base) if with_snapshot and base > 0 else None
+        log, snaps = next_history(log, snaps, entry(version), taken, KEEP)
+    return Head(0, version, "q", version, log, snaps), version
 
 
-def versions_from(log: tuple[LogEntry, ...], local: int, target: int) -> list[int]:
+def versions_after(head: Head, local: int | None, target: int) -> list[int]:
     """Apply a restore plan symbolically: the versions a store passes through."""
-    fresh, path = restore_path(log, local, target)
-    seen = [] if fresh else list(range(local + 1))
-    for e in path:
-        if e.base:
-            seen = list(range(e.version + 1))
-        else:
-            assert seen[-1] == e.version - 1
-            seen.append(e.version)
+    plan = plan_restore(head, local, target)
+    if plan.snapshot is not None:
+        seen = list(range(plan.snapshot.version + 1))
+    elif plan.fresh or local is None:
+        seen = [0]
+    else:
+        seen = list(range(local + 1))
+    for e in plan.entries:
+        assert seen[-1] == e.version - 1
+        seen.append(e.version)
     return seen
 
 
 @settings(max_examples=300)
 @given(steps)
-def test_log_rebuilds_the_head_and_the_version_before_it(history):
-    log, version = replay(history)
-    if version == 0:
-        return
-    for target in (version, version - 1):
-        assert versions_from(log, 0, target)[-1] == target
+def test_history_rebuilds_the_head_and_every_version_back_to_the_oldest_snapshot(history):
+    head, version = replay(history)
+    floor = head.snaps[0].version if head.snaps else 0
+    for target in range(max(floor, 0), version + 1):
+        assert versions_after(head, None, target)[-1] == target
 
 
 @settings(max_examples=300)
 @given(steps, st.data())
 def test_a_stale_store_catches_up_without_gaps(history, data):
-    log, version = replay(history)
-    if version == 0:
-        return
+    head, version = replay(history)
     local = data.draw(st.integers(0, version))
-    assert versions_from(log, local, version) == list(range(version + 1))
+    assert versions_after(head, local, version) == list(range(version + 1))
 
 
 @given(steps)
-def test_log_is_cut_at_the_newest_base_below_the_head(history):
-    log, version = replay(history)
-    bases = [e.version for e in log if e.base and e.version <= version - 1]
-    if bases:
-        assert log[0].base and log[0].version == max(bases)
-    assert [e.version for e in log] == sorted({e.version for e in log})
+def test_history_is_bounded_and_ordered(history):
+    head, version = replay(history)
+    assert len(head.snaps) <= KEEP
+    assert [s.version for s in head.snaps] == sorted({s.version for s in head.snaps})
+    assert all(s.version < version for s in head.snaps)
+    floor = head.snaps[0].version if head.snaps else 0
+    assert [e.version for e in head.log] == list(range(floor + 1, version + 1))
 
 
-def test_log_with_a_gap_is_refused():
-    log = (entry(1), entry(3))
+def test_restore_prefers_the_snapshot_when_it_is_less_to_fetch():
+    log = tuple(entry(v, length=100) for v in range(1, 41))
+    head = Head(0, 40, "q", 40, log, (snap(32, size=500),))
+    plan = plan_restore(head, None, 40)
+    assert plan.snapshot == snap(32, 500) and [e.version for e in plan.entries] == list(
+        range(33, 41)
+    )
+    stale = plan_restore(head, 38, 40)  # two entries beat a snapshot
+    assert (
+        stale.snapshot is None
+        and not stale.fresh
+        and [e.version for e in stale.entries] == [39, 40]
+    )
+
+
+def test_a_gap_is_refused():
+    head = Head(0, 3, "q", 3, (entry(1), entry(3)))
     with pytest.raises(ValueError, match="cannot bring version 0 to 3"):
-        restore_path(log, 0, 3)
+        plan_restore(head, 0, 3)
 
 
-def test_rerun_replaces_the_last_entry():
-    log = next_log(next_log((), entry(1)), entry(2))
-    rerun = next_log(log, LogEntry(2, 2, 1, "f" * 32, 5, 6, 7))
-    assert [e.version for e in rerun] == [1, 2] and rerun[-1].group == 1
+def test_rerun_replaces_the_last_entry_and_drops_snapshots_at_or_after_it():
+    log, snaps = next_history(*next_history((), (), entry(1)), entry(2), snap(1))
+    log, snaps = next_history(log, snaps, LogEntry(2, 2, 1, "f" * 32, 5, 6, 7), None)
+    assert [e.version for e in log] == [2] and log[-1].group == 1 and snaps == (snap(1),)
 
 
-@given(st.lists(st.tuples(st.integers(1, 10**9), st.booleans()), max_size=40))
-def test_log_encoding_round_trips(rows):
-    log = tuple(entry(v, b) for v, b in rows)
+def test_snapshots_are_due_every_n_versions_staggered_by_slice():
+    head = Head(5, 0, "q", 0)
+    due = [v for v in range(1, 80) if snapshot_due(head, v, 5, 32, 1 << 30)]
+    assert due[0] == 32 - 5
+    later = Head(5, 40, "q", 40, (entry(40),), (snap(27),))
+    assert not snapshot_due(later, 40, 5, 32, 1 << 30)
+    assert snapshot_due(later, 59, 5, 32, 1 << 30)
+    assert snapshot_due(later, 40, 5, 32, 10)  # the log since the snapshot is big enough
+
+
+@given(st.lists(st.integers(1, 10**9), max_size=40))
+def test_history_encoding_round_trips(versions):
+    log = tuple(entry(v) for v in versions)
+    snaps = tuple(snap(v) for v in versions)
     assert decode_log(encode_log(log)) == log
+    assert decode_snaps(encode_snaps(snaps)) == snaps

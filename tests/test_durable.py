@@ -1,91 +1,234 @@
-"""Durable commits and restore against moto server over HTTP."""
+"""Durable commits, claims, snapshots and restore against moto server over HTTP."""
 
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import boto3
 import pytest
 
 from changelog import resources
 from changelog.durable import DurableState, SliceCommit
-from changelog.errors import CommitConflictError, ConfigurationError, CorruptObjectError
-from changelog.restore import catch_up
+from changelog.errors import (
+    CommitConflictError,
+    ConfigurationError,
+    ContinuityError,
+    CorruptObjectError,
+    MissingObjectError,
+)
+from changelog.restore import identity, materialize, restore
+from changelog.snapshot import manifests, read_manifest, write_snapshot
 from state.store import SliceStore
 
-
-def kv(i: int) -> tuple[bytes, bytes]:
-    return (b"d" + f"k{i:04d}".encode(), f"v{i}".encode())
+SLICES = 16
 
 
-def commit(durable: DurableState, slice_id: int, version: int, changes, batch: int, base=False):
+def kv(i: int, v: str | None = None) -> tuple[bytes, bytes]:
+    return (b"d" + f"k{i:04d}".encode(), (v or f"v{i}").encode())
+
+
+def commit(durable: DurableState, slice_id: int, version: int, changes, batch: int, snapshot=None):
     head = durable.heads([slice_id]).get(slice_id)
-    durable.commit("q", batch, 0, [SliceCommit(slice_id, version, head, changes, base)])
+    return durable.commit("q", batch, 0, [SliceCommit(slice_id, version, head, changes, snapshot)])
 
 
-def test_commit_then_restore_into_an_empty_store(location, tmp_path):
+def open_store(location, tmp_path: Path, slice_id: int, name: str = "s") -> SliceStore:
+    return SliceStore(tmp_path / name, identity(location.app, slice_id, SLICES))
+
+
+def committed_store(location, tmp_path, slice_id, versions: int) -> tuple[DurableState, SliceStore]:
+    """A slice committed `versions` times (version v writes key v), with a local store."""
+    durable = DurableState(location)
+    store = open_store(location, tmp_path, slice_id, "writer")
+    for v in range(1, versions + 1):
+        done = commit(durable, slice_id, v, [kv(v)], batch=v)
+        store.commit([kv(v)], v, tag=done.uid)
+    return durable, store
+
+
+def snapshot_of(durable, store, slice_id, tmp_path, previous=None):
+    point = store.checkpoint(tmp_path / f"ck-{store.version}")
+    return write_snapshot(durable.loc, slice_id, store.version, point, previous)
+
+
+def corrupt(location, key: str, at: int = -1) -> None:
+    s3 = boto3.client("s3")
+    body = bytearray(s3.get_object(Bucket=location.bucket, Key=key)["Body"].read())
+    body[at] ^= 0xFF
+    s3.put_object(Bucket=location.bucket, Key=key, Body=bytes(body))
+
+
+def test_missing_store_is_restored_in_full(location, tmp_path):
     durable = DurableState(location)
     commit(durable, 3, 1, [kv(1), kv(2)], batch=0)
     commit(durable, 3, 2, [(kv(1)[0], None), kv(3)], batch=1)
     head = durable.heads([3])[3]
     assert (head.version, head.batch, len(head.log)) == (2, 1, 2)
-    store = SliceStore(tmp_path / "s3", {"slice": 3})
-    stats = catch_up(store, durable, head, head.version)
+    store, stats = materialize(durable, head, tmp_path / "s3", SLICES)
     assert dict(store.items()) == dict([kv(2), kv(3)])
-    assert (store.version, stats.segments, stats.records) == (2, 2, 4)
+    assert (store.version, stats.segments, stats.records, stats.snapshot_version) == (2, 2, 4, None)
+    assert store.tag == head.log[-1].uid
 
 
-def test_stale_store_replays_only_missing_versions(location, tmp_path):
+def test_stale_store_replays_only_the_missing_versions(location, tmp_path):
     durable = DurableState(location)
-    store = SliceStore(tmp_path / "s", {"slice": 1})
     commit(durable, 1, 1, [kv(1)], batch=0)
-    catch_up(store, durable, durable.heads([1])[1], 1)
+    store, _ = materialize(durable, durable.heads([1])[1], tmp_path / "s", SLICES)
     for v in (2, 3):
         commit(durable, 1, v, [kv(v)], batch=v)
-    stats = catch_up(store, durable, durable.heads([1])[1], 3)
-    assert (stats.from_version, stats.segments) == (1, 2)
+    head = durable.heads([1])[1]
+    store, stats = restore(store.path, identity(location.app, 1, SLICES), durable, head, 3, store)
+    assert (stats.from_version, stats.segments, stats.snapshot_version) == (1, 2, None)
     assert dict(store.items()) == dict([kv(1), kv(2), kv(3)])
 
 
-def test_base_bounds_the_log_and_restores_the_same_state(location, tmp_path):
-    durable = DurableState(location)
-    commit(durable, 2, 1, [kv(1)], batch=0)
-    commit(durable, 2, 2, [kv(1), kv(2)], batch=1, base=True)
-    commit(durable, 2, 3, [kv(3)], batch=2)
-    commit(durable, 2, 4, [kv(4)], batch=3)
+def test_store_ahead_of_the_committed_state_is_rolled_back(location, tmp_path):
+    durable, writer = committed_store(location, tmp_path, 2, 2)
+    writer.commit([kv(3)], 3, undo=[(kv(3)[0], None)], tag="never-committed")
     head = durable.heads([2])[2]
-    assert [e.version for e in head.log] == [2, 3, 4]
-    store = SliceStore(tmp_path / "s", {"slice": 2})
-    catch_up(store, durable, head, 4)
-    assert dict(store.items()) == dict([kv(1), kv(2), kv(3), kv(4)])
+    store, stats = restore(writer.path, identity(location.app, 2, SLICES), durable, head, 2, writer)
+    assert stats.rolled_back and store.version == 2 and dict(store.items()) == dict([kv(1), kv(2)])
+    assert store.tag == head.log[-1].uid
+    # two versions ahead: no undo reaches that far, so the store is rebuilt
+    store.commit([kv(3)], 3, tag="x")
+    store.commit([kv(4)], 4, tag="y")
+    store, stats = restore(store.path, identity(location.app, 2, SLICES), durable, head, 2, store)
+    assert not stats.rolled_back and stats.segments == 2
+    assert dict(store.items()) == dict([kv(1), kv(2)])
 
 
-def test_one_of_two_racing_writers_commits(location):
-    """Two attempts start from the same head; exactly one wins and its data is what is read."""
+def test_snapshot_plus_tail_restores_and_later_snapshots_upload_only_new_files(location, tmp_path):
+    durable, writer = committed_store(location, tmp_path, 6, 3)
+    for i in range(2000):  # something worth a file of its own
+        writer.commit([kv(1000 + i, "x" * 200)], 3, tag=writer.tag)
+    ref, first, sent_first = snapshot_of(durable, writer, 6, tmp_path)
+    done = commit(durable, 6, 4, [kv(4)], batch=4, snapshot=ref)
+    writer.commit([kv(4)], 4, tag=done.uid)
+    ref2, second, sent_second = snapshot_of(durable, writer, 6, tmp_path, previous=first)
+    shared = {f.key for f in first.files} & {f.key for f in second.files}
+    assert shared and sent_second < sent_first / 4  # the big file is referenced, not re-sent
+    done = commit(durable, 6, 5, [kv(5)], batch=5, snapshot=ref2)
+    head = durable.heads([6])[6]
+    assert [s.version for s in head.snaps] == [3, 4] and [e.version for e in head.log] == [4, 5]
+    manifests._items.clear()  # restore as a new process would: fetch the manifest
+    store, stats = materialize(durable, head, tmp_path / "fresh", SLICES)
+    assert (stats.snapshot_version, stats.segments) == (4, 1)
+    assert dict(store.items()) == dict(writer.items()) | dict([kv(5)])
+    assert store.version == 5 and store.tag == done.uid
+    # an earlier version, for a roll-back: the older snapshot and the log after it
+    old, stats = materialize(durable, head, tmp_path / "old", SLICES, version=3)
+    assert stats.snapshot_version == 3 and old.version == 3 and kv(4)[0] not in dict(old.items())
+
+
+def test_corrupt_segment_is_refused_with_its_key(location, tmp_path):
     durable = DurableState(location)
-    commit(durable, 5, 1, [kv(0)], batch=0)
+    commit(durable, 4, 1, [kv(1)], batch=0)
+    head = durable.heads([4])[4]
+    key = head.log[0].key(location)
+    corrupt(location, key)
+    with pytest.raises(CorruptObjectError, match=key):
+        materialize(durable, head, tmp_path / "s", SLICES)
+    assert not (tmp_path / "s").exists()  # nothing half-restored left behind
+
+
+@pytest.mark.parametrize("what", ["manifest", "sst"])
+def test_corrupt_snapshot_objects_are_refused_with_their_key(location, tmp_path, what):
+    durable, writer = committed_store(location, tmp_path, 8, 2)
+    ref, m, _ = snapshot_of(durable, writer, 8, tmp_path)
+    commit(durable, 8, 3, [kv(3)], batch=3, snapshot=ref)
+    key = ref.key if what == "manifest" else m.files[0].key
+    corrupt(location, key, at=40 if what == "manifest" else -3)
+    manifests._items.clear()
+    with pytest.raises(CorruptObjectError, match=key):
+        materialize(durable, durable.heads([8])[8], tmp_path / "s", SLICES, version=2)
+
+
+def test_snapshot_of_another_slice_is_refused(location, tmp_path):
+    durable, writer = committed_store(location, tmp_path, 9, 2)
+    ref, _, _ = snapshot_of(durable, writer, 9, tmp_path)
+    manifests._items.clear()
+    with pytest.raises(CorruptObjectError, match=f"{ref.key}.*expected app .* slice 10"):
+        read_manifest(location, ref.key, slice_id=10, version=2)
+
+
+def test_missing_object_names_the_key_and_what_to_do(location, tmp_path):
+    durable = DurableState(location)
+    commit(durable, 5, 1, [kv(1)], batch=0)
     head = durable.heads([5])[5]
+    boto3.client("s3").delete_object(Bucket=location.bucket, Key=head.log[0].key(location))
+    with pytest.raises(MissingObjectError, match=f"{head.log[0].key(location)}.*S3 versioning"):
+        materialize(durable, head, tmp_path / "s", SLICES)
+
+
+def test_a_gap_in_the_history_is_refused(location, tmp_path):
+    durable = DurableState(location)
+    commit(durable, 7, 1, [kv(1)], batch=0)
+    head = durable.heads([7])[7]
+    with pytest.raises(ContinuityError, match=f"slice 7.*{location.table}"):
+        materialize(durable, head, tmp_path / "s", SLICES, version=2)
+
+
+def race(durable: DurableState, fns: dict[str, callable]) -> dict[str, str]:
     results: dict[str, str] = {}
-    barrier = threading.Barrier(2)
+    barrier = threading.Barrier(len(fns))
 
     def attempt(name: str) -> None:
         barrier.wait()
         try:
-            durable.commit(name, 1, 0, [SliceCommit(5, 2, head, [(b"dwinner", name.encode())])])
+            fns[name]()
             results[name] = "won"
         except CommitConflictError:
             results[name] = "lost"
 
-    threads = [threading.Thread(target=attempt, args=(n,)) for n in ("a", "b")]
+    threads = [threading.Thread(target=attempt, args=(n,)) for n in fns]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert sorted(results.values()) == ["lost", "won"]
-    winner = next(n for n, r in results.items() if r == "won")
-    final = durable.heads([5])[5]
-    assert (final.version, final.query) == (2, winner)
-    assert durable.read_changes(5, final.log[-1]) == [(b"dwinner", winner.encode())]
+    return results
+
+
+def test_one_of_two_racing_committers_wins_and_only_its_segment_is_referenced(location):
+    durable = DurableState(location)
+    commit(durable, 5, 1, [kv(0)], batch=0)
+    head = durable.claim(durable.heads([5]))[5]
+
+    def writer(name: str):
+        return lambda: durable.commit(
+            name, 1, 0, [SliceCommit(5, 2, head, [(b"dwinner", name.encode())])]
+        )
+
+    for _ in range(5):  # several rounds: the outcome must never be both or neither
+        results = race(durable, {"a": writer("a"), "b": writer("b")})
+        assert sorted(results.values()) == ["lost", "won"]
+        winner = next(n for n, r in results.items() if r == "won")
+        final = durable.heads([5])[5]
+        assert (final.version, final.query) == (2, winner)
+        assert durable.read_changes(5, final.log[-1]) == [(b"dwinner", winner.encode())]
+        segments = boto3.client("s3").list_objects_v2(Bucket=location.bucket)["Contents"]
+        referenced = {e.key(location) for e in final.log}
+        assert len([o for o in segments if o["Key"] not in referenced]) >= 1  # the loser's
+        durable.commit("reset", 9, 0, [SliceCommit(5, 1, final, [])])  # back to v1
+        head = durable.heads([5])[5]
+        head = durable.claim({5: head})[5]
+
+
+def test_a_zombie_owner_cannot_commit_after_a_new_claim(location):
+    """A worker stalls after claiming; another claims the slice and commits. The zombie's
+    commit, though based on the version it read, loses to the newer epoch."""
+    durable = DurableState(location)
+    commit(durable, 11, 1, [kv(1)], batch=0)
+    zombie = durable.claim(durable.heads([11]), owner="zombie")[11]
+    successor = durable.claim({11: zombie}, owner="successor")[11]
+    assert successor.epoch == zombie.epoch + 1
+    with pytest.raises(CommitConflictError, match=r"slices \[11\] lost"):
+        durable.commit("q", 2, 0, [SliceCommit(11, 2, zombie, [kv(2, "zombie")])])
+    durable.commit("q", 2, 0, [SliceCommit(11, 2, successor, [kv(2, "successor")])])
+    final = durable.heads([11])[11]
+    assert (final.version, final.owner, final.epoch) == (2, "successor", successor.epoch)
+    with pytest.raises(CommitConflictError, match="claim of slices"):
+        durable.claim({11: zombie}, owner="zombie")  # its view of the head is stale
 
 
 def test_commit_from_a_stale_head_is_refused(location):
@@ -98,23 +241,8 @@ def test_commit_from_a_stale_head_is_refused(location):
     assert durable.heads([7])[7].version == 2
 
 
-def test_corrupt_segment_is_refused_with_its_key(location, tmp_path):
-    durable = DurableState(location)
-    commit(durable, 4, 1, [kv(1)], batch=0)
-    head = durable.heads([4])[4]
-    key = head.log[0].key(location)
-    s3 = boto3.client("s3")
-    body = bytearray(s3.get_object(Bucket=location.bucket, Key=key)["Body"].read())
-    body[-1] ^= 0xFF
-    s3.put_object(Bucket=location.bucket, Key=key, Body=bytes(body))
-    store = SliceStore(tmp_path / "s", {"slice": 4})
-    with pytest.raises(CorruptObjectError, match=key):
-        catch_up(store, durable, head, 1)
-    assert store.version == 0 and list(store.items()) == []
-
-
 def test_idle_commit_costs_nothing(location):
-    assert DurableState(location).commit("q", 0, 0, []) == 0
+    assert DurableState(location).commit("q", 0, 0, []).bytes == 0
     listed = boto3.client("s3").list_objects_v2(Bucket=location.bucket)
     assert listed.get("KeyCount", 0) == 0
 

@@ -74,17 +74,15 @@ def durable_counts(location) -> dict[str, int]:
     """State rebuilt from S3 and DynamoDB alone."""
     import tempfile
 
-    from changelog.restore import catch_up
+    from changelog.restore import materialize
     from state import encoding
     from state.keys import record_key
-    from state.store import SliceStore
 
     durable = DurableState(location)
     found = {}
     with tempfile.TemporaryDirectory() as scratch:
         for s, head in durable.heads(list(range(SLICES))).items():
-            store = SliceStore(Path(scratch) / str(s), {"slice": s})
-            catch_up(store, durable, head, head.version)
+            store, _ = materialize(durable, head, Path(scratch) / str(s), SLICES)
             found.update({record_key(k): encoding.decode(v) for k, v in store.items()})
             store.close()
     return found
@@ -140,14 +138,25 @@ def test_wiped_local_stores_are_rebuilt_from_s3(location, tmp_path):
     assert outputs(out)[-1]["n"] == Counter(KEYS)[outputs(out)[-1]["key"]]
 
 
-def test_bases_keep_the_log_short_and_restore_the_same_state(location, tmp_path):
-    r = runner(location, tmp_path, log_entries_per_base=2)
+def test_snapshots_bound_the_log_and_a_wiped_store_restores_from_one(location, tmp_path):
+    r = runner(location, tmp_path, snapshot_every=2, keep_snapshots=2)
+    hot = ["user-1"] * 5
     for b in range(8):
-        r.run(0, "q", b, frame(KEYS[b * 50 : (b + 1) * 50], b * 50))
+        r.run(0, "q", b, frame(KEYS[b * 50 : (b + 1) * 50] + hot, b * 100))
     heads = DurableState(location).heads(list(range(SLICES)))
-    assert max(len(h.log) for h in heads.values()) <= 3
-    assert any(e.base for h in heads.values() for e in h.log)
-    assert durable_counts(location) == dict(Counter(KEYS))
+    hot_head = heads[route("user-1", None, SLICES)]
+    assert len(hot_head.snaps) == 2 and hot_head.version == 8
+    # entries only after the oldest kept snapshot: bounded by keep * every (+ the head)
+    assert [e.version for e in hot_head.log] == list(range(hot_head.snaps[0].version + 1, 9))
+    assert durable_counts(location) == Counter(KEYS) + Counter(hot * 8)
+    for path in tmp_path.glob("*/w*/slice-*"):
+        shutil.rmtree(path)
+    out = r.run(0, "q", 8, frame(["user-1"], 900))
+    metrics = json.loads(out[out.kind == "metrics"].value.iloc[0])
+    (restored,) = metrics["restores"]
+    assert restored["snapshot_version"] in {s.version for s in hot_head.snaps}
+    assert restored["segments"] == 8 - restored["snapshot_version"]
+    assert outputs(out) == [{"key": "user-1", "n": Counter(KEYS)["user-1"] + 5 * 8 + 1}]
 
 
 def test_handler_error_names_the_record_and_commits_nothing(location, tmp_path):
@@ -158,7 +167,8 @@ def test_handler_error_names_the_record_and_commits_nothing(location, tmp_path):
 
     with pytest.raises(ProcessorError, match=r"s/shardId-0/\d+\.0 \(key 'user-7', slice \d+"):
         runner(location, tmp_path, fails_on_seven).run(0, "q", 0, frame(KEYS[:100]))
-    assert DurableState(location).heads(list(range(SLICES))) == {}
+    heads = DurableState(location).heads(list(range(SLICES))).values()
+    assert heads and all(h.epoch == 1 and not h.committed for h in heads)  # claimed only
 
 
 def test_older_batch_than_the_committed_state_is_refused(location, tmp_path):

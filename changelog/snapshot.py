@@ -1,0 +1,312 @@
+"""Incremental snapshots of slice stores: RocksDB checkpoints whose SST files are uploaded
+once and shared by every later snapshot that still contains them.
+
+A snapshot is a manifest object naming the SST objects of a checkpoint and carrying its
+small mutable files (CURRENT, MANIFEST-*, OPTIONS-*) inline. SST files are immutable and
+a store never reuses a file name, so a file the previous snapshot already uploaded (same
+name and size) is referenced again rather than uploaded: a snapshot costs the bytes
+written since the last one, plus compaction output.
+
+    manifest := b"SHMF" u8:format u32:len msgpack(body) u32:crc32(body)
+    body     := {app, slice, version, uid, created_ms, files: [[name, key, size, crc32]],
+                 inline: {name: bytes}}
+    sst      := b"SHST" u8:format u32:crc32(file) u64:size file
+
+Restore fetches the manifest, downloads the SST objects in parallel (verifying each
+checksum as it streams to disk), writes the inline files and opens the directory.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+import zlib
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgpack
+from botocore.exceptions import ClientError
+
+from changelog import aws
+from changelog.errors import CorruptObjectError, MissingObjectError
+from changelog.layout import AppLocation, SnapRef, manifest_key, new_uid, sst_key
+
+MANIFEST_MAGIC = b"SHMF"
+SST_MAGIC = b"SHST"
+FORMAT = 1
+_MANIFEST = struct.Struct(">4sBI")
+_SST = struct.Struct(">4sBIQ")
+_CHUNK = 1 << 20
+FILE_THREADS = 16
+
+_pool_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+
+
+def file_pool() -> ThreadPoolExecutor:
+    """The process's pool for object transfers (separate from per-slice restore threads)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(FILE_THREADS, thread_name_prefix="shardless-io")
+        return _pool
+
+
+@dataclass(frozen=True)
+class SstFile:
+    name: str
+    key: str
+    size: int
+    crc32: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    app: str
+    slice: int
+    version: int
+    uid: str
+    created_ms: int
+    files: tuple[SstFile, ...]
+    inline: dict[str, bytes] = field(default_factory=dict)
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.size for f in self.files) + sum(len(v) for v in self.inline.values())
+
+
+def encode_manifest(m: Manifest) -> bytes:
+    body = msgpack.packb(
+        {
+            "app": m.app,
+            "slice": m.slice,
+            "version": m.version,
+            "uid": m.uid,
+            "created_ms": m.created_ms,
+            "files": [[f.name, f.key, f.size, f.crc32] for f in m.files],
+            "inline": m.inline,
+        },
+        use_bin_type=True,
+    )
+    return b"".join(
+        [
+            _MANIFEST.pack(MANIFEST_MAGIC, FORMAT, len(body)),
+            body,
+            struct.pack(">I", zlib.crc32(body)),
+        ]
+    )
+
+
+def decode_manifest(raw: bytes, *, where: str) -> Manifest:
+    if len(raw) < _MANIFEST.size + 4:
+        raise CorruptObjectError(f"{where}: manifest truncated ({len(raw)} bytes)")
+    magic, fmt, length = _MANIFEST.unpack_from(raw)
+    if magic != MANIFEST_MAGIC:
+        raise CorruptObjectError(f"{where}: not a shardless snapshot manifest (magic {magic!r})")
+    if fmt != FORMAT:
+        raise CorruptObjectError(f"{where}: unsupported manifest format {fmt}; upgrade shardless")
+    body = raw[_MANIFEST.size : _MANIFEST.size + length]
+    if len(body) != length or len(raw) != _MANIFEST.size + length + 4:
+        raise CorruptObjectError(f"{where}: manifest length does not match its header")
+    (crc,) = struct.unpack_from(">I", raw, _MANIFEST.size + length)
+    if zlib.crc32(body) != crc:
+        raise CorruptObjectError(f"{where}: manifest checksum mismatch; refusing to load")
+    try:
+        d = msgpack.unpackb(body, raw=False)
+        return Manifest(
+            app=d["app"],
+            slice=int(d["slice"]),
+            version=int(d["version"]),
+            uid=d["uid"],
+            created_ms=int(d["created_ms"]),
+            files=tuple(SstFile(n, k, int(s), int(c)) for n, k, s, c in d["files"]),
+            inline={str(k): bytes(v) for k, v in d["inline"].items()},
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptObjectError(f"{where}: manifest body unreadable ({exc!r})") from exc
+
+
+class _ManifestCache:
+    """Manifests are immutable: keep the recent ones so the next snapshot of a slice knows
+    which files are already uploaded without fetching anything."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self.size = size
+        self._items: OrderedDict[str, Manifest] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> Manifest | None:
+        with self._lock:
+            found = self._items.get(key)
+            if found is not None:
+                self._items.move_to_end(key)
+            return found
+
+    def put(self, key: str, m: Manifest) -> None:
+        with self._lock:
+            self._items[key] = m
+            self._items.move_to_end(key)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+
+manifests = _ManifestCache()
+
+
+def missing(where: str) -> MissingObjectError:
+    return MissingObjectError(
+        f"{where} is referenced by committed state but missing from the bucket: it was "
+        "deleted outside shardless (or by a garbage collection with too short a grace "
+        "period); recover it from S3 versioning, or roll the application back to a "
+        "version that does not need it"
+    )
+
+
+def is_missing(exc: ClientError) -> bool:
+    return exc.response["Error"]["Code"] in {"NoSuchKey", "404", "NotFound"}
+
+
+def read_manifest(loc: AppLocation, key: str, *, slice_id: int, version: int) -> Manifest:
+    """Fetch and verify a manifest; refuse one that belongs to another slice or version."""
+    found = manifests.get(key)
+    if found is not None:
+        return found
+    where = f"s3://{loc.bucket}/{key}"
+    try:
+        raw = aws.client("s3").get_object(Bucket=loc.bucket, Key=key)["Body"].read()
+    except ClientError as exc:
+        if is_missing(exc):
+            raise missing(where) from exc
+        raise
+    m = decode_manifest(raw, where=where)
+    if (m.app, m.slice, m.version) != (loc.app, slice_id, version):
+        raise CorruptObjectError(
+            f"{where}: manifest of app {m.app!r} slice {m.slice} version {m.version}, expected "
+            f"app {loc.app!r} slice {slice_id} version {version}; refusing a foreign snapshot"
+        )
+    manifests.put(key, m)
+    return m
+
+
+def _file_crc(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def _upload_sst(loc: AppLocation, key: str, path: Path, size: int) -> int:
+    crc = _file_crc(path)
+    header = _SST.pack(SST_MAGIC, FORMAT, crc, size)
+    with open(path, "rb") as f:
+        body = header + f.read()
+    aws.client("s3").put_object(Bucket=loc.bucket, Key=key, Body=body)
+    return crc
+
+
+def write_snapshot(
+    loc: AppLocation,
+    slice_id: int,
+    version: int,
+    checkpoint: Path,
+    previous: Manifest | None,
+) -> tuple[SnapRef, Manifest, int]:
+    """Upload the checkpoint directory of a store at `version`; return its reference, its
+    manifest and the bytes uploaded (files shared with `previous` are not uploaded again)."""
+    uid = new_uid()
+    known = {(f.name, f.size): f for f in previous.files} if previous else {}
+    files: list[SstFile] = []
+    inline: dict[str, bytes] = {}
+    uploads = []
+    for path in sorted(checkpoint.iterdir()):
+        size = path.stat().st_size
+        if path.suffix == ".sst":
+            reuse = known.get((path.name, size))
+            if reuse is not None:
+                files.append(reuse)
+                continue
+            key = sst_key(loc, slice_id, uid, path.name)
+            uploads.append(
+                (path.name, key, size, file_pool().submit(_upload_sst, loc, key, path, size))
+            )
+        elif path.is_file() and not (path.suffix == ".log" and size == 0):
+            inline[path.name] = path.read_bytes()
+    uploaded = 0
+    for name, key, size, future in uploads:
+        files.append(SstFile(name, key, size, future.result()))
+        uploaded += size
+    m = Manifest(
+        app=loc.app,
+        slice=slice_id,
+        version=version,
+        uid=uid,
+        created_ms=int(time.time() * 1000),
+        files=tuple(sorted(files, key=lambda f: f.name)),
+        inline=inline,
+    )
+    body = encode_manifest(m)
+    key = manifest_key(loc, slice_id, version, uid)
+    aws.client("s3").put_object(Bucket=loc.bucket, Key=key, Body=body)
+    manifests.put(key, m)
+    return SnapRef(version, key, m.bytes, len(m.files)), m, uploaded + len(body)
+
+
+def _download_sst(loc: AppLocation, f: SstFile, dest: Path, on_bytes) -> int:  # noqa: ANN001
+    where = f"s3://{loc.bucket}/{f.key}"
+    try:
+        body = aws.client("s3").get_object(Bucket=loc.bucket, Key=f.key)["Body"]
+    except ClientError as exc:
+        if is_missing(exc):
+            raise missing(where) from exc
+        raise
+    header = body.read(_SST.size)
+    if len(header) < _SST.size:
+        raise CorruptObjectError(f"{where}: SST object truncated")
+    magic, fmt, crc, size = _SST.unpack(header)
+    if magic != SST_MAGIC:
+        raise CorruptObjectError(f"{where}: not a shardless SST object (magic {magic!r})")
+    if fmt != FORMAT:
+        raise CorruptObjectError(f"{where}: unsupported SST object format {fmt}; upgrade shardless")
+    if (size, crc) != (f.size, f.crc32):
+        raise CorruptObjectError(
+            f"{where}: header says {size} bytes crc {crc:08x}, the manifest {f.size} bytes crc "
+            f"{f.crc32:08x}; refusing to load"
+        )
+    got, written = 0, 0
+    with open(dest / f.name, "wb") as out:
+        while chunk := body.read(_CHUNK):
+            got = zlib.crc32(chunk, got)
+            out.write(chunk)
+            written += len(chunk)
+            on_bytes(len(chunk))
+    if written != f.size or got != f.crc32:
+        raise CorruptObjectError(
+            f"{where}: content does not match its checksum ({written} bytes, crc {got:08x}; "
+            f"expected {f.size} bytes, crc {f.crc32:08x}); refusing to load"
+        )
+    return written
+
+
+def download_snapshot(
+    loc: AppLocation,
+    m: Manifest,
+    dest: Path,
+    on_bytes=lambda n: None,  # noqa: ANN001
+) -> int:
+    """Materialise the snapshot into the empty directory `dest`; return the bytes fetched."""
+    dest.mkdir(parents=True, exist_ok=True)
+    futures = [file_pool().submit(_download_sst, loc, f, dest, on_bytes) for f in m.files]
+    total = sum(f.result() for f in futures)
+    for name, data in m.inline.items():
+        if "/" in name or name.startswith("."):
+            raise CorruptObjectError(
+                f"manifest of slice {m.slice} v{m.version}: bad file name {name!r}"
+            )
+        (dest / name).write_bytes(data)
+        on_bytes(len(data))
+        total += len(data)
+    return total

@@ -1,0 +1,92 @@
+"""S3 and DynamoDB failing the way AWS fails, through a fault-injecting proxy in front of
+moto server: transient 5xx and throttling are retried and change nothing; a persistent
+failure fails the batch with nothing half-committed; a commit applied but reported as
+failed is recognised when the batch runs again."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from botocore.retries.standard import ExponentialBackoff
+
+from changelog.durable import DurableState
+from changelog.errors import CommitConflictError
+from processor.fault_proxy import FaultProxy, Rule
+from tests.test_runtime import KEYS, SLICES, durable_counts, frame, outputs, runner
+
+
+@pytest.fixture(autouse=True)
+def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The retry decisions are under test, not botocore's sleeps."""
+    monkeypatch.setattr(ExponentialBackoff, "delay_amount", lambda self, context: 0.0)
+
+
+@pytest.fixture
+def proxy(aws, monkeypatch: pytest.MonkeyPatch):
+    with FaultProxy(aws.s3_endpoint, seed=11) as p:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", p.url)
+        monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", p.url)
+        yield p
+
+
+def batches(r, n: int) -> list[dict]:
+    seen = []
+    for b in range(n):
+        seen += outputs(r.run(0, "q", b, frame(KEYS[b * 100 : (b + 1) * 100], b * 100)))
+    return seen
+
+
+def test_transient_errors_are_retried_and_change_nothing(location, tmp_path, proxy):
+    for service, op, status, error in [
+        ("s3", "PutObject", 503, "SlowDown"),
+        ("s3", "GetObject", 500, "InternalError"),
+        ("dynamodb", "TransactWriteItems", 400, "ProvisionedThroughputExceededException"),
+        ("dynamodb", "BatchGetItem", 500, "InternalServerError"),
+        ("dynamodb", "TransactWriteItems", 400, "ThrottlingException"),
+    ]:
+        proxy.add(Rule(service, op, status=status, error=error, probability=0.3))
+    r = runner(location, tmp_path, snapshot_every=2)
+    seen = batches(r, 4)
+    assert sum(proxy.injected().values()) >= 3  # the faults did happen
+    assert durable_counts(location) == Counter(KEYS)
+    per_key: dict[str, list[int]] = {}
+    for o in seen:
+        per_key.setdefault(o["key"], []).append(o["n"])
+    assert all(ns == list(range(1, len(ns) + 1)) for ns in per_key.values())
+
+
+def test_a_persistent_failure_fails_the_batch_with_nothing_committed(location, tmp_path, proxy):
+    r = runner(location, tmp_path)
+    batches(r, 1)
+    before = DurableState(location).heads(list(range(SLICES)))
+    proxy.add(Rule("dynamodb", "TransactWriteItems", status=500, error="InternalServerError"))
+    with pytest.raises(Exception, match="InternalServerError"):
+        r.run(0, "q", 1, frame(KEYS[100:200], 100))
+    after = DurableState(location).heads(list(range(SLICES)))
+    assert {s: h.version for s, h in after.items()} == {s: h.version for s, h in before.items()}
+    proxy.clear()
+    # the batch runs again once the service is back: its input counts once
+    r.run(0, "q", 1, frame(KEYS[100:200], 100))
+    assert durable_counts(location) == Counter(KEYS[:200])
+
+
+def test_a_commit_applied_but_reported_failed_is_recognised_on_rerun(location, tmp_path, proxy):
+    """DynamoDB applied the transaction, the client saw a 500 and retried; the retry's
+    condition fails against the head it just wrote. The batch fails without touching the
+    local stores; Spark runs it again, which finds its own commit and re-commits in place."""
+    r = runner(location, tmp_path)
+    batches(r, 1)
+    proxy.add(Rule("dynamodb", "TransactWriteItems", status=500, after=True, times=1))
+    try:
+        first = outputs(r.run(0, "q", 1, frame(KEYS[100:200], 100)))
+    except CommitConflictError:
+        first = None  # moto ignores ClientRequestToken, so the retry's condition fails
+    assert proxy.injected()[("dynamodb", "TransactWriteItems")] == 1
+    rerun = outputs(r.run(0, "q", 1, frame(KEYS[100:200], 100)))
+    assert first is None or first == rerun
+    assert durable_counts(location) == Counter(KEYS[:200])
+    assert (
+        outputs(r.run(0, "q", 2, frame(["user-3"], 300)))[0]["n"]
+        == Counter(KEYS[:200])["user-3"] + 1
+    )
