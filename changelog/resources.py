@@ -128,3 +128,26 @@ def _ensure_meta(loc: AppLocation, slices: int) -> None:
             f"configured with {slices}: run with --slices {existing}, or start a new application "
             "name to begin from empty state"
         )
+
+
+def app_slices(loc: AppLocation) -> int:
+    """The slice count an existing application's state was written with."""
+    ddb = aws.client("dynamodb", fail_fast=True)
+    try:
+        found = ddb.get_item(
+            TableName=loc.table,
+            Key={"pk": {"S": APP_PK}, "sk": {"S": META_SK}},
+            ConsistentRead=True,
+        ).get("Item")
+    except ClientError as exc:
+        if _code(exc) == "ResourceNotFoundException":
+            raise ConfigurationError(
+                f"application {loc.app!r} has no state: table {loc.table} does not exist "
+                f"(at {aws.where('dynamodb')})"
+            ) from exc
+        raise
+    if found is None:
+        raise ConfigurationError(
+            f"application {loc.app!r} has no state: table {loc.table} has no app record"
+        )
+    return int(found["slices"]["N"])

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from changelog.errors import ChangelogError
-from processor import local_aws
+from processor import local_aws, state_cli
 from processor.errors import ProcessorError
 
 STATE_FILE = Path(".shardless/local.json")
@@ -67,6 +67,9 @@ def _run(args: argparse.Namespace) -> int:
         max_records_per_shard=args.max_records_per_shard,
         allowed_lateness_ms=args.allowed_lateness_ms,
         value_format=args.value_format,
+        snapshot_every=args.snapshot_every,
+        snapshot_log_mb=args.snapshot_log_mb,
+        keep_snapshots=args.keep_snapshots,
         **({"local_dir": args.local_dir} if args.local_dir else {}),
     )
     spark = session(args.master, groups=cfg.groups, app_name=f"shardless-{cfg.app}")
@@ -144,6 +147,18 @@ def parser() -> argparse.ArgumentParser:
         default="msgpack",
         help="how state values are stored",
     )
+    run.add_argument(
+        "--snapshot-every", type=int, default=32, help="versions between a slice's snapshots"
+    )
+    run.add_argument(
+        "--snapshot-log-mb",
+        type=int,
+        default=64,
+        help="snapshot sooner once a slice's changelog since its last snapshot is this big",
+    )
+    run.add_argument(
+        "--keep-snapshots", type=int, default=3, help="snapshots kept per slice for roll-back"
+    )
     run.add_argument("--master", default="local[2]")
     when = run.add_mutually_exclusive_group()
     when.add_argument("--available-now", action="store_true", help="process what is there, stop")
@@ -161,6 +176,7 @@ def parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="the end-to-end demo on local emulators")
     demo.set_defaults(func=_demo)
+    state_cli.add_parser(sub)
     return p
 
 

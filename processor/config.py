@@ -40,6 +40,9 @@ class JobConfig:
     allowed_lateness_ms: int = 0
     timer_poll_ms: int = 1000
     value_format: str = "msgpack"
+    snapshot_every: int = 32
+    snapshot_log_mb: int = 64
+    keep_snapshots: int = 3
 
     def __post_init__(self) -> None:
         if not self.app or not all(c.isalnum() or c in "-_." for c in self.app):
@@ -59,6 +62,15 @@ class JobConfig:
             )
         if self.allowed_lateness_ms < 0:
             raise ConfigError(f"allowed_lateness_ms {self.allowed_lateness_ms}: must be >= 0")
+        if not 1 <= self.snapshot_every <= 1000:
+            raise ConfigError(
+                f"--snapshot-every {self.snapshot_every}: must be between 1 and 1000 versions "
+                "(the log between snapshots lives in a DynamoDB item of at most 400 KB)"
+            )
+        if self.snapshot_log_mb < 1:
+            raise ConfigError(f"--snapshot-log-mb {self.snapshot_log_mb}: must be >= 1")
+        if not 1 <= self.keep_snapshots <= 20:
+            raise ConfigError(f"--keep-snapshots {self.keep_snapshots}: must be between 1 and 20")
         if not 1 <= self.groups <= self.slices:
             raise ConfigError(
                 f"--groups {self.groups}: must be between 1 and slices ({self.slices})"

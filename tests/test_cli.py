@@ -123,3 +123,20 @@ def test_refused_local_up_writes_nothing_to_stdout(
     out = capsys.readouterr()
     assert str(state) in out.err
     assert out.out == ""
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("snapshot_every", 0, "--snapshot-every 0: must be between 1 and 1000"),
+        ("snapshot_every", 5000, "400 KB"),
+        ("snapshot_log_mb", 0, "--snapshot-log-mb 0"),
+        ("keep_snapshots", 0, "--keep-snapshots 0"),
+    ],
+)
+def test_snapshot_options_are_checked(option, value, message):
+    from processor.config import JobConfig
+    from processor.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        JobConfig(app="a", streams=("s",), checkpoint="/tmp/c", **{option: value})
