@@ -123,6 +123,15 @@ def test_advance_leaves_shards_without_an_end_untouched() -> None:
     assert got[key("b")] == {"after": "3", "done": False}
 
 
+def test_advance_keeps_when_unread_records_began_from_the_end_or_else_from_before() -> None:
+    before = {key("a"): {"after": "1", "done": False, "since": 100.0}}
+    assert advance(before, {key("a"): {"after": "2", "done": False, "since": 250.5}}) == {
+        key("a"): {"after": "2", "done": False, "since": 250.5}
+    }
+    assert advance(before, {key("a"): {"after": None, "done": False, "since": None}}) == before
+    assert advance(before, {key("a"): {"after": "3", "done": False}})[key("a")]["since"] == 100.0
+
+
 def test_iterator_args_resume_after_the_last_sequence_number() -> None:
     initial = {"type": "AT_TIMESTAMP", "ts": 5.0}
     assert iterator_args({"after": "4900", "done": False}, initial) == {

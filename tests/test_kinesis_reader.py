@@ -3,8 +3,12 @@ DynamoDB. `ShardRead`s are built by hand, as the source's planner would build th
 
 from __future__ import annotations
 
+import http.client
+import http.server
 import re
+import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable
 
@@ -16,6 +20,7 @@ from processor.kinesis import positions, reader
 from processor.kinesis.batch_log import BatchLog
 from processor.kinesis.reader import ShardRead, read_shard
 from processor.kinesis.shards import list_shards, readable
+from processor.kinesis.source import kinesis_client
 
 TRIM_HORIZON = {"type": "TRIM_HORIZON"}
 MAX_BYTES = 10 * 1024 * 1024
@@ -155,7 +160,9 @@ def test_consecutive_batches_read_every_record_once_in_order(
     assert seen == produced
     assert [e["count"] for e in ends] == [100, 100, 50]
     assert [e["caught_up"] for e in ends] == [False, False, True]
+    since = pos[key].pop("since")
     assert pos == {key: {"after": produced[-1][0], "done": False}}
+    assert time.time() - 30 < since <= time.time(), "the last batch saw the tip just now"
 
 
 # --- retries ------------------------------------------------------------------------------
@@ -302,3 +309,81 @@ def test_get_records_calls_on_one_shard_are_paced(
     elapsed = time.monotonic() - began
 
     assert elapsed >= 0.4  # two waits of 0.2 s between three calls
+
+
+# --- per-shard metrics ----------------------------------------------------------------------
+
+
+class ThrottlingProxy:
+    """An HTTP proxy in front of kinesalite that refuses the first `refuse` GetRecords calls
+    with ProvisionedThroughputExceededException, as Kinesis does over its read quota."""
+
+    def __init__(self, upstream: str, refuse: int) -> None:
+        self.refuse = refuse
+        self.refused = 0
+        target = urllib.parse.urlsplit(upstream)
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if self.headers.get("X-Amz-Target", "").endswith(".GetRecords") and (
+                    proxy.refused < proxy.refuse
+                ):
+                    proxy.refused += 1
+                    self._answer(
+                        400,
+                        b'{"__type": "ProvisionedThroughputExceededException", '
+                        b'"message": "Rate exceeded for shard"}',
+                    )
+                    return
+                conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                conn.request("POST", self.path, body=body, headers=headers)
+                upstream_answer = conn.getresponse()
+                self._answer(upstream_answer.status, upstream_answer.read())
+                conn.close()
+
+            def _answer(self, status: int, payload: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/x-amz-json-1.1")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.usefixtures("no_pacing")
+def test_the_recorded_end_holds_the_reads_metrics_and_counts_throttled_calls(
+    aws, make_stream: Callable[[int], str], batch_log: BatchLog
+) -> None:
+    proxy = ThrottlingProxy(aws.kinesis_endpoint, refuse=2)
+    try:
+        kinesis = kinesis_client(proxy.endpoint)  # the source's own client, through the proxy
+        stream = make_stream(1)
+        shard_id = only_shard(kinesis, stream)
+        produced = produce(kinesis, stream, 30)
+        read = shard_read(stream, shard_id, max_records=100)
+
+        records, end = read_shard(kinesis, batch_log, read)
+    finally:
+        proxy.close()
+
+    assert got(records) == produced
+    assert proxy.refused == 2
+    assert end["throttles"] == 2, "botocore's own retries are counted too"
+    assert end["calls"] == 1 and end["behind_ms"] == 0
+    assert (end["count"], end["user_records"]) == (30, 30)
+    assert end["bytes"] == sum(len(data) for _, data in produced)
+    assert end["read_ms"] >= 0
+    assert batch_log.ends(read.run, read.n)[read.shard_key] == end

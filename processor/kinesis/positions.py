@@ -6,8 +6,11 @@ shard is recorded by the executor that read it (see `batch_log`), so a retried b
 finds the same end positions and reads exactly the same records, and the driver never
 reads records to find where a batch ends.
 
-A shard position is `{"after": <sequence number or None>, "done": <bool>}`; a shard not
-yet in the map starts at the run's initial position (TRIM_HORIZON or AT_TIMESTAMP).
+A shard position is `{"after": <sequence number or None>, "done": <bool>, "since": <epoch
+seconds>}`; a shard not yet in the map starts at the run's initial position (TRIM_HORIZON or
+AT_TIMESTAMP). `since` is a lower bound on the arrival time of the records not read yet (the
+time the reader last saw the shard's tip, or the arrival of the last record read): a position
+whose `since` is older than the stream's retention may have lost records (see `reader`).
 """
 
 from __future__ import annotations
@@ -68,10 +71,16 @@ def advance(positions: Positions, ends: dict[str, Position]) -> Positions:
     out = dict(positions)
     for shard_key, end in ends.items():
         before = out.get(shard_key, {"after": None, "done": False})
-        out[shard_key] = {
+        position: Position = {
             "after": end["after"] if end["after"] is not None else before["after"],
             "done": bool(end["done"]),
         }
+        since = end.get("since")
+        if since is None:
+            since = before.get("since")
+        if since is not None:
+            position["since"] = since
+        out[shard_key] = position
     return out
 
 

@@ -88,3 +88,18 @@ def readable(shards: list[Shard], done: set[str]) -> list[Shard]:
         if all(p in done or p not in listed for p in parents):
             out.append(s)
     return out
+
+
+def vanished(shards: list[Shard], stream: str, positions: dict[str, dict]) -> list[str]:
+    """Shards of `stream` the source was part-way through that Kinesis no longer lists.
+
+    Kinesis drops a closed shard from its listing once its records are past the stream's
+    retention, so whatever the source had not read of it yet has expired unread.
+    """
+    listed = {s.key for s in shards}
+    prefix = f"{stream}/"
+    return sorted(
+        key
+        for key, position in positions.items()
+        if key.startswith(prefix) and not position.get("done") and key not in listed
+    )

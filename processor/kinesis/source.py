@@ -8,6 +8,12 @@ Options:
   maxRecordsPerShard   per batch (default 10000)
   maxBytesPerShard     per batch (default 10 MiB)
   idlePollMs           with no data, how often to poll again (default 1000)
+  onTrimmed            fail (default) or oldest: what to do when the source's position in a
+                       shard is older than the stream's retention (see reader)
+  onCorruptAggregate   fail (default) or skip: what to do with a KPL aggregate that does not
+                       decode (bad MD5, bad protobuf); skipped ones are logged and counted
+  kinesisEndpoint      a Kinesis endpoint URL for this source alone (default: boto3's own,
+                       e.g. AWS_ENDPOINT_URL_KINESIS)
 
 Planning (`latestOffset`, `partitions`) runs in a driver-side Python process and never
 reads records; `read` runs on executors, one partition per readable shard.
@@ -16,18 +22,22 @@ reads records; `read` runs on executors, one partition per readable shard.
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from collections.abc import Iterator
 
+import boto3
+from botocore.config import Config
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 
 from changelog import aws
-from processor.errors import ConfigError
+from processor.errors import ConfigError, SourceError
 from processor.kinesis import positions as pos
 from processor.kinesis.batch_log import BatchLog
-from processor.kinesis.reader import ShardRead, read_shard
-from processor.kinesis.shards import depths, list_shards, readable
+from processor.kinesis.reader import CORRUPT_POLICIES, POLICIES, ShardRead, read_shard
+from processor.kinesis.shards import depths, list_shards, readable, vanished
 from processor.routing import hash_key
 from state.slices import check_slices, slice_of
 
@@ -70,6 +80,38 @@ def _int_option(options: dict, name: str, default: int) -> int:
     return value
 
 
+def _choice_option(options: dict, name: str, choices: tuple[str, ...]) -> str:
+    value = str(options.get(name, choices[0])).strip().lower()
+    if value not in choices:
+        raise ConfigError(f"option {name}={options[name]!r}: expected one of {', '.join(choices)}")
+    return value
+
+
+_clients: dict[str, object] = {}
+_clients_lock = threading.Lock()
+
+
+def kinesis_client(endpoint: str | None):  # noqa: ANN201 - boto3 clients are untyped
+    """The process's Kinesis client, or one for an endpoint given as a source option."""
+    if not endpoint:
+        return aws.client("kinesis")
+    with _clients_lock:
+        if endpoint not in _clients:
+            _clients[endpoint] = boto3.session.Session().client(
+                "kinesis",
+                endpoint_url=endpoint,
+                region_name=os.environ.get("AWS_REGION")
+                or os.environ.get("AWS_DEFAULT_REGION")
+                or "us-east-1",
+                config=Config(
+                    retries={"max_attempts": 8, "mode": "standard"},
+                    connect_timeout=5,
+                    read_timeout=60,
+                ),
+            )
+        return _clients[endpoint]
+
+
 class KinesisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str]) -> None:
         streams = [s.strip() for s in options.get("streams", "").split(",") if s.strip()]
@@ -88,6 +130,9 @@ class KinesisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.max_records = _int_option(options, "maxRecordsPerShard", 10_000)
         self.max_bytes = _int_option(options, "maxBytesPerShard", 10 * 1024 * 1024)
         self.idle_poll_s = _int_option(options, "idlePollMs", 1000) / 1000
+        self.on_trimmed = _choice_option(options, "onTrimmed", POLICIES)
+        self.on_corrupt = _choice_option(options, "onCorruptAggregate", CORRUPT_POLICIES)
+        self.endpoint = options.get("kinesisEndpoint") or None
         self._positions: dict[tuple[str, int], pos.Positions] = {}
         self._available_now = False
         self._looked = False
@@ -126,10 +171,11 @@ class KinesisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         positions = self._positions_after(start)
         done = {k for k, p in positions.items() if p.get("done")}
-        kinesis = aws.client("kinesis")
+        kinesis = kinesis_client(self.endpoint)
         parts: list[InputPartition] = []
         for stream in self.streams:
             shards = list_shards(kinesis, stream)
+            done |= self._expired(vanished(shards, stream, positions), positions)
             depth = depths(shards)
             for shard in readable(shards, done):
                 read = ShardRead(
@@ -143,9 +189,28 @@ class KinesisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     max_records=self.max_records,
                     max_bytes=self.max_bytes,
                     closed=shard.closed,
+                    on_trimmed=self.on_trimmed,
+                    on_corrupt=self.on_corrupt,
                 )
                 parts.append(_Partition(read, self.slices))
         return parts
+
+    def _expired(self, keys: list[str], positions: pos.Positions) -> set[str]:
+        """Shards whose rest expired unread: an error, or (onTrimmed=oldest) read as done."""
+        if not keys:
+            return set()
+        where = ", ".join(f"{k} (after sequence number {positions[k]['after']})" for k in keys)
+        message = (
+            f"Kinesis no longer lists shards the source had not finished: {where}; their "
+            "records are past the stream's retention, and those not read yet expired unread"
+        )
+        if self.on_trimmed == "fail":
+            raise SourceError(
+                f"{message}. To go on with the shards that remain, set the source option "
+                "onTrimmed=oldest"
+            )
+        log.warning("%s; onTrimmed=oldest: treating them as read to their end", message)
+        return set(keys)
 
     def commit(self, end: dict) -> None:
         self._positions_after(end)
@@ -159,7 +224,10 @@ class KinesisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         found = {} if n == 0 else batch_log.positions(run, n)
         if found is None:
             before = self._positions_after({**offset, "n": n - 1})
-            found = pos.advance(before, batch_log.ends(run, n))
+            ends = batch_log.ends(run, n)
+            for shard_key, end in sorted(ends.items()):
+                log.info("batch %s shard %s: %s", n, shard_key, end)
+            found = pos.advance(before, ends)
             batch_log.save_positions(run, n, found)
         self._positions = {k: v for k, v in self._positions.items() if k[1] >= n - 1}
         self._positions[(run, n)] = found
@@ -170,21 +238,20 @@ class KinesisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[tuple]:
         assert isinstance(partition, _Partition)
         read, slices = partition.read, partition.slices
-        records, end = read_shard(aws.client("kinesis"), BatchLog(self.table), read)
-        log.info("batch %s shard %s: %s records", read.n, read.shard_key, len(records))
+        records, _ = read_shard(kinesis_client(self.endpoint), BatchLog(self.table), read)
         prefix = f"{read.depth:04d}"
         for r in records:
-            pk = r["PartitionKey"]
-            seq = r["SequenceNumber"]
+            pk, ehk = r["PartitionKey"], r["ExplicitHashKey"]
+            seq, sub = r["SequenceNumber"], r["SubSequenceNumber"]
             yield (
                 read.stream,
                 read.shard_id,
                 seq,
-                0,
+                sub,
                 pk,
-                None,
+                ehk,
                 r["ApproximateArrivalTimestamp"],
                 r["Data"],
-                slice_of(hash_key(pk), slices),
-                prefix + pos.sequence_sort_key(seq) + "0000000000",
+                slice_of(hash_key(pk, ehk), slices),
+                f"{prefix}{pos.sequence_sort_key(seq)}{sub:010d}",
             )
