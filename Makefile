@@ -42,8 +42,18 @@ lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-bench: setup
+STAMP_BENCH := $(VENV)/.installed-bench
+
+$(STAMP_BENCH): $(STAMP_PY)
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	touch $@
+
+# Every benchmark in bench/, each writing its JSON under bench/results/ (vs_spark: ~25 min).
+bench: setup $(STAMP_BENCH)
 	$(PY) -m bench.state_loop --json > bench/results/state_loop.json
+	$(PY) -m bench.restore --json > bench/results/restore.json
+	$(PY) -m bench.vs_spark --json > bench/results/vs_spark.json
+	$(PY) -m bench.chart bench/results/vs_spark.json bench/results/vs_spark.png
 
 clean:
 	rm -rf $(VENV) $(TOOLS) .pytest_cache .hypothesis *.egg-info

@@ -12,7 +12,7 @@ Reads see this batch's own writes; nothing is durable until the batch commits.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -34,7 +34,16 @@ def _kind(name: str) -> bytes:
 class Event:
     """One Kinesis record, with its coordinates in the stream."""
 
-    __slots__ = ("stream", "shard", "sequence_number", "subsequence", "key", "arrival", "data")
+    __slots__ = (
+        "stream",
+        "shard",
+        "sequence_number",
+        "subsequence",
+        "key",
+        "_arrival",
+        "_row",
+        "data",
+    )
 
     def __init__(
         self,
@@ -43,16 +52,29 @@ class Event:
         sequence_number: str,
         subsequence: int,
         key: str,
-        arrival: datetime,
+        arrival: datetime | Sequence[datetime],
         data: bytes,
+        row: int = -1,
     ) -> None:
+        """`arrival` is the record's time, or (with `row` >= 0) a column of times to take
+        row `row` of when the handler first reads it: the runtime's way of not building a
+        timestamp object per record for handlers that never look (0.2–0.4 s per 50,000)."""
         self.stream = stream
         self.shard = shard
         self.sequence_number = sequence_number
         self.subsequence = subsequence
         self.key = key
-        self.arrival = arrival
+        self._arrival = arrival
+        self._row = row
         self.data = data
+
+    @property
+    def arrival(self) -> datetime:
+        """When Kinesis received the record (its ApproximateArrivalTimestamp)."""
+        if self._row >= 0:
+            self._arrival = self._arrival[self._row]  # type: ignore[index]
+            self._row = -1
+        return self._arrival  # type: ignore[return-value]
 
     def json(self) -> Any:
         """The record's data decoded as UTF-8 JSON."""

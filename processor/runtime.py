@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import Any
 
@@ -89,6 +89,9 @@ def _take_snapshot(
             last = head.snaps[-1]
             previous = read_manifest(loc, last.key, slice_id=slice_id, version=last.version)
         ref, _, sent = write_snapshot(loc, slice_id, version, checkpoint, previous)
+        entry = next((e for e in head.log if e.version == version), None) if head else None
+        if entry is not None:
+            ref = replace(ref, batch=entry.batch, query=entry.query)
         return ref, sent
     finally:
         shutil.rmtree(checkpoint, ignore_errors=True)
@@ -122,7 +125,8 @@ def _due(pending: Pending, now_ms: int, watermark_ms: int) -> list[int]:
     ]
 
 
-def _events(pdf: pd.DataFrame, lo: int, hi: int, cols: dict[str, list]) -> list[Event]:
+def _events(pdf: pd.DataFrame, lo: int, hi: int, cols: dict[str, Any]) -> list[Event]:
+    arrivals = cols.get("arrival")
     return [
         Event(
             cols["stream"][i],
@@ -130,8 +134,9 @@ def _events(pdf: pd.DataFrame, lo: int, hi: int, cols: dict[str, list]) -> list[
             cols["sequence_number"][i],
             cols["subsequence"][i],
             cols["partition_key"][i],
-            cols["arrival"][i],
+            arrivals,
             cols["data"][i],
+            i,
         )
         for i in range(lo, hi)
     ]
@@ -198,7 +203,7 @@ class GroupRunner:
         pending = dict(pending or {})
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         spans: dict[int, tuple[int, int]] = {}
-        cols: dict[str, list] = {}
+        cols: dict[str, Any] = {}
         if pdf is not None and len(pdf):
             pdf = pdf.sort_values(["slice", "stream_order"], kind="stable", ignore_index=True)
             slice_col = pdf["slice"].to_numpy()
@@ -206,7 +211,7 @@ class GroupRunner:
             spans = {int(slice_col[lo]): (lo, hi) for lo, hi in pairwise(bounds)}
             names = ("stream", "shard", "sequence_number", "subsequence", "partition_key", "data")
             cols = {name: pdf[name].tolist() for name in names}
-            cols["arrival"] = pdf["arrival"].tolist()
+            cols["arrival"] = pdf["arrival"].array  # made per record only when read: `Event`
         slices = sorted(set(spans) | set(_due(pending, now_ms, watermark_ms)))
         metrics: dict[str, Any] = {
             "group": group,

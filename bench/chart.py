@@ -1,0 +1,81 @@
+"""The chart of `bench/results/vs_spark.json`: records per second per contender and workload.
+
+    python -m bench.chart [bench/results/vs_spark.json] [bench/results/vs_spark.png]
+
+Needs matplotlib (`pip install -e '.[bench]'`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+LABELS = {
+    "shardless": "shardless (counter handler)",
+    "apply_in_pandas_with_state": "applyInPandasWithState",
+    "transform_with_state_in_pandas": "transformWithStateInPandas",
+    "spark_sql_count": "Spark SQL groupBy().count() (JVM)",
+}
+COLOURS = {
+    "shardless": "#1b9e77",
+    "apply_in_pandas_with_state": "#7570b3",
+    "transform_with_state_in_pandas": "#e7298a",
+    "spark_sql_count": "#d95f02",
+}
+
+
+def bars(result: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """(contender, label, from the second master) in drawing order."""
+    out = [(c, f"{label}, {result['config']['master']}", False) for c, label in LABELS.items()]
+    if "also" in result:
+        master = result["also"]["master"]
+        out += [(c, f"{LABELS[c]}, {master}", True) for c in ("shardless", "spark_sql_count")]
+    return out
+
+
+def draw(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = list(result["workloads"])
+    series = bars(result)
+    fig, ax = plt.subplots(figsize=(10, 5.5), dpi=110)
+    width = 0.8 / len(series)
+    for i, (contender, label, also) in enumerate(series):
+        source = result["also"]["workloads"] if also else result["workloads"]
+        values = [source.get(w, {}).get(contender) or 0 for w in workloads]
+        xs = [w + (i - (len(series) - 1) / 2) * width for w in range(len(workloads))]
+        style = {"hatch": "//", "edgecolor": "white"} if also else {}
+        drawn = ax.bar(xs, values, width, label=label, color=COLOURS[contender], **style)
+        names = [f"{v / 1000:,.1f}k" if v else "" for v in values]
+        ax.bar_label(drawn, labels=names, fontsize=7, rotation=90, padding=2)
+    ax.set_yscale("log")
+    ax.set_ylim(top=ax.get_ylim()[1] * 4)
+    ax.set_xticks(range(len(workloads)), [name.replace("_", " ") for name in workloads])
+    ax.set_ylabel("records per second (log scale), steady state")
+    cfg = result["config"]
+    ax.set_title(
+        f"Counting per key: {cfg['records_per_workload']:,} records per workload in batches of "
+        f"{cfg['batch_records']:,}, 2 cores, RocksDB state store",
+        fontsize=10,
+    )
+    ax.legend(fontsize=8, loc="upper left", ncols=2)
+    ax.grid(axis="y", which="major", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    src = Path(args[0] if args else "bench/results/vs_spark.json")
+    dst = Path(args[1] if len(args) > 1 else src.with_suffix(".png"))
+    draw(json.loads(src.read_text()), dst)
+    print(dst)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,656 @@
+"""Restore speed and the durable cost of a batch, against moto over HTTP:
+`python -m bench.restore`.
+
+1. Restore of ~1 GB of state in 256 slices (random, incompressible values), each slice a
+   snapshot plus one log entry, by `StoreCache.acquire_many` on empty local directories as
+   a new worker does. The baseline, interleaved with it run by run, is a plain parallel
+   download (boto3 `get_object` to files) of exactly the objects and byte ranges the
+   restore fetches.
+2. Restore time of 16 slices after a short and a long history of small batches driven
+   through `GroupRunner.run` (snapshots every 32 versions, as in production).
+3. S3 and DynamoDB requests per batch for 256 slices in 8 groups, counted with botocore
+   event hooks on the shared clients, and the requests of a batch with nothing to do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import replace
+from datetime import UTC, datetime
+from importlib.metadata import version
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import urllib3
+
+from changelog import aws, resources, snapshot
+from changelog.durable import DurableState, SliceCommit
+from changelog.layout import AppLocation, Head, encode_log, encode_snaps, plan_restore
+from changelog.restore import identity
+from changelog.snapshot import decode_manifest, write_snapshot
+from processor import local_aws
+from processor.api import Context, Event
+from processor.grouping import group_slices
+from processor.handlers import HandlerFactory
+from processor.routing import route
+from processor.runtime import GroupRunner, RuntimeConfig
+from processor.stores import RESTORE_THREADS, StoreCache
+from state import encoding, keys
+from state.store import SliceStore
+
+SLICES = 256
+GROUPS = 8
+BUILD_CHUNKS = 16  # slices built (and committed) together, one segment each
+HISTORY_SLICES = 16
+SHORT_HISTORY = 10
+PARTS = ["restore", "history", "requests"]
+QUERY = "bench-query"
+NOW_MS = 1_700_000_000_000
+ARRIVAL = datetime.fromtimestamp(NOW_MS / 1000, tz=UTC)
+DDB_WRITES = {"PutItem", "UpdateItem", "TransactWriteItems", "BatchWriteItem", "DeleteItem"}
+GOALS = {
+    "restore_vs_download": 0.7,
+    "restore_ratio_long_vs_short": 1.5,
+    "s3_puts_per_batch": 8,
+    "dynamodb_writes_per_batch": 8,
+    "idle_batch_requests": 0,
+}
+AT_MOST = {
+    "restore_ratio_long_vs_short",
+    "s3_puts_per_batch",
+    "dynamodb_writes_per_batch",
+    "idle_batch_requests",
+}
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def counter(event: Event, ctx: Context) -> None:
+    ctx.state.set(ctx.state.get(0) + 1)
+
+
+class Requests:
+    """API calls made through the shared clients (`changelog.aws`), from any thread."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[tuple[str, str]] = Counter()
+        self._lock = threading.Lock()
+        for service in ("s3", "dynamodb"):
+            events = aws.client(service).meta.events
+            events.register(f"provide-client-params.{service}.*", self._count)
+
+    def _count(self, params: dict, model: Any, **_: Any) -> None:
+        name = model.name
+        if name == "PutObject":  # snapshot objects (SSTs, manifests) vs changelog segments
+            name = "PutObject:segment" if "changelog/" in params["Key"] else "PutObject:snapshot"
+        with self._lock:
+            self.calls[(model.service_model.service_name, name)] += 1
+
+    def take(self) -> Counter[tuple[str, str]]:
+        """The calls since the last take."""
+        with self._lock:
+            out, self.calls = self.calls, Counter()
+        return out
+
+
+@contextmanager
+def http_requests() -> Iterator[list[int]]:
+    """Every HTTP request this process sends through urllib3 (any client, any service)."""
+    seen = [0]
+    pool = urllib3.connectionpool.HTTPConnectionPool
+    original = pool.urlopen
+
+    def urlopen(self: Any, *args: Any, **kwargs: Any) -> Any:
+        seen[0] += 1
+        return original(self, *args, **kwargs)
+
+    pool.urlopen = urlopen
+    try:
+        yield seen
+    finally:
+        pool.urlopen = original
+
+
+def new_app(name: str, slices: int) -> AppLocation:
+    loc = AppLocation.default(f"bench-{name}-{int(time.time() * 1000) % 10**8}")
+    resources.ensure(loc, slices)
+    return loc
+
+
+def keys_by_slice(slices: int, per_slice: int, prefix: str) -> list[list[str]]:
+    """`per_slice` record keys routed to each slice, as production routes them."""
+    out: list[list[str]] = [[] for _ in range(slices)]
+    short, i = slices, 0
+    while short:
+        key = f"{prefix}{i}"
+        i += 1
+        found = out[route(key, None, slices)]
+        if len(found) < per_slice:
+            found.append(key)
+            short -= len(found) == per_slice
+    return out
+
+
+def frame(records: list[tuple[str, int]], first_seq: int) -> pd.DataFrame:
+    """Input rows of (key, slice) as the Kinesis source gives them to a group."""
+    n = len(records)
+    seqs = [f"{first_seq + i:030d}" for i in range(n)]
+    return pd.DataFrame(
+        {
+            "stream": ["bench"] * n,
+            "shard": ["shardId-000000000000"] * n,
+            "sequence_number": seqs,
+            "subsequence": [0] * n,
+            "partition_key": [k for k, _ in records],
+            "explicit_hash_key": [None] * n,
+            "arrival": [ARRIVAL] * n,
+            "data": [b"{}"] * n,
+            "slice": [s for _, s in records],
+            "stream_order": seqs,
+        }
+    )
+
+
+def forget_manifests() -> None:
+    """A new worker has no manifest cached: make this process fetch them again."""
+    snapshot.manifests = type(snapshot.manifests)()
+
+
+# 1. Restore of a large state against a plain download ------------------------------------
+
+
+def build_slices(
+    loc: AppLocation,
+    durable: DurableState,
+    group: int,
+    slices: range,
+    root: Path,
+    values: int,
+    value_bytes: int,
+    seed: int,
+) -> None:
+    """Commit random values to each slice (v1), then snapshot v1 and commit v2 with it,
+    as the runtime does when a snapshot is due: head = snapshot v1 + log entry v2."""
+    claimed = durable.claim(dict.fromkeys(slices), "bench-builder")
+    rng = np.random.default_rng(seed + slices[0])
+    stores, first = {}, []
+    for s in slices:
+        stores[s] = SliceStore(root / f"slice-{s:05d}", identity(loc.app, s, SLICES))
+        changes = [
+            (keys.data_key(f"k{i:07d}"), encoding.encode(rng.bytes(value_bytes), fmt=encoding.RAW))
+            for i in range(values)
+        ]
+        first.append(SliceCommit(s, 1, claimed[s], changes))
+    done = durable.commit(QUERY, 0, group, first)
+    for c in first:
+        stores[c.slice].commit(c.changes, 1, tag=done.uid)
+    del first
+    heads = durable.heads(list(slices))
+    second = []
+    for s in slices:
+        point = stores[s].checkpoint(root / f"snap-{s:05d}")
+        ref, _, _ = write_snapshot(loc, s, 1, point, previous=None)
+        shutil.rmtree(point)
+        entry = next(e for e in heads[s].log if e.version == 1)
+        ref = replace(ref, batch=entry.batch, query=entry.query)
+        touch = [(keys.data_key("touched"), encoding.encode(1))]
+        second.append(SliceCommit(s, 2, heads[s], touch, snapshot=ref))
+    done = durable.commit(QUERY, 1, group, second)
+    for c in second:
+        stores[c.slice].commit(c.changes, 2, tag=done.uid)
+        stores[c.slice].close()
+
+
+def fetch_list(loc: AppLocation, heads: dict[int, Head]) -> list[tuple[str, str | None]]:
+    """(key, byte range) of every object a restore of `heads` reads, from its plans."""
+    s3 = aws.client("s3")
+    out: list[tuple[str, str | None]] = []
+    for head in heads.values():
+        how = plan_restore(head, None, head.version)
+        if how.snapshot is not None:
+            raw = s3.get_object(Bucket=loc.bucket, Key=how.snapshot.key)["Body"].read()
+            manifest = decode_manifest(raw, where=how.snapshot.key)
+            out.append((how.snapshot.key, None))
+            out += [(f.key, None) for f in manifest.files]
+        for e in how.entries:
+            out.append((e.key(loc), f"bytes={e.offset}-{e.offset + e.length - 1}"))
+    return out
+
+
+def plain_download(
+    loc: AppLocation, objects: list[tuple[str, str | None]], dest: Path, threads: int
+) -> tuple[float, int]:
+    """Seconds and bytes to fetch `objects` into files: the same client, no checks."""
+    s3 = aws.client("s3")
+    dest.mkdir(parents=True)
+
+    def fetch(job: tuple[int, tuple[str, str | None]]) -> int:
+        i, (key, byte_range) = job
+        extra = {"Range": byte_range} if byte_range else {}
+        body = s3.get_object(Bucket=loc.bucket, Key=key, **extra)["Body"]
+        n = 0
+        with open(dest / f"{i:06d}", "wb") as out:
+            while chunk := body.read(1 << 20):
+                out.write(chunk)
+                n += len(chunk)
+        return n
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        total = sum(pool.map(fetch, enumerate(objects)))
+    seconds = time.perf_counter() - started
+    shutil.rmtree(dest)
+    return seconds, total
+
+
+def restore_all(
+    loc: AppLocation, slices: int, root: Path, check: bool = False
+) -> tuple[float, int, list[dict[str, Any]], int]:
+    """Seconds and bytes for a new worker to restore every slice to its head into empty
+    directories (claims included), each slice's stats, and (with `check`) the sum of
+    the restored counters. The restored stores are closed and left under `root`."""
+    durable = DurableState(loc)
+    heads = durable.heads(list(range(slices)))
+    forget_manifests()
+    cache = StoreCache(root, loc.app, slices)
+    started = time.perf_counter()
+    got = cache.acquire_many([(s, h, h.version) for s, h in sorted(heads.items())], durable)
+    seconds = time.perf_counter() - started
+    stats, total = [], 0
+    for s, (store, _, restored) in got.items():
+        assert store.version == heads[s].version, f"slice {s} restored to v{store.version}"
+        assert restored is not None, f"slice {s} was not restored"
+        stats.append(restored.to_dict())
+        if check:
+            total += sum(encoding.decode(v) for k, v in store.items() if keys.is_value_key(k))
+        store.close()
+    return seconds, sum(s["bytes"] for s in stats), stats, total
+
+
+def store_opens(root: Path) -> dict[str, float]:
+    """Open each store under `root` in turn while another thread ticks every 1 ms: how long
+    an open takes, and for how much of it no other Python thread could run (the GIL)."""
+    paths = sorted(root.glob("*/w*/slice-*"))
+    ticks: list[float] = []
+    done = threading.Event()
+
+    def tick() -> None:
+        while not done.is_set():
+            ticks.append(time.perf_counter())
+            time.sleep(0.001)
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    time.sleep(0.05)
+    opens, spans = [], []
+    for path in paths:
+        started = time.perf_counter()
+        store = SliceStore(path, identity(path.parent.parent.name, int(path.name[6:]), SLICES))
+        spans.append((started, time.perf_counter()))
+        opens.append(spans[-1][1] - started)
+        store.close()
+    done.set()
+    ticker.join()
+    # the ticker's silences (gaps over 5 ms) that fall inside an open
+    stalled = sum(
+        min(b, hi) - max(a, lo)
+        for a, b in pairwise(ticks)
+        if b - a > 0.005
+        for lo, hi in spans
+        if a < hi and b > lo
+    )
+    return {
+        "store_open_ms_median": statistics.median(opens) * 1000,
+        "store_opens_total_s": sum(opens),
+        "store_open_gil_held_fraction": stalled / sum(opens),
+    }
+
+
+def large_restore(
+    tmp: Path, local: Path, slice_bytes: int, value_bytes: int, threads: int, reps: int, seed: int
+) -> dict[str, Any]:
+    """Build the state under `tmp`; download and restore it under `local`."""
+    loc = new_app("restore", SLICES)
+    durable = DurableState(loc)
+    values = max(1, slice_bytes // value_bytes)
+    started = time.perf_counter()
+    with ThreadPoolExecutor(4) as pool:
+        jobs = [
+            pool.submit(build_slices, loc, durable, g, r, tmp / "build", values, value_bytes, seed)
+            for g, r in enumerate(
+                group_slices(c, SLICES, BUILD_CHUNKS) for c in range(BUILD_CHUNKS)
+            )
+        ]
+        for job in jobs:
+            job.result()
+    built = time.perf_counter() - started
+    shutil.rmtree(tmp / "build")
+    heads = durable.heads(list(range(SLICES)))
+    objects = fetch_list(loc, heads)
+    log(f"restore: built {SLICES} slices in {built:.1f}s; {len(objects)} objects to fetch")
+    runs = []
+    for rep in range(reps):  # interleaved, so machine noise hits both alike
+        d_s, d_bytes = plain_download(loc, objects, local / f"download-{rep}", threads)
+        r_s, r_bytes, stats, _ = restore_all(loc, SLICES, local / f"restore-{rep}")
+        runs.append((d_bytes / 1e6 / d_s, r_bytes / 1e6 / r_s, r_s, r_bytes, d_bytes, stats))
+        log(
+            f"  rep {rep}: download {runs[-1][0]:.0f} MB/s, restore {runs[-1][1]:.0f} MB/s "
+            f"({r_s:.2f}s)"
+        )
+        if rep < reps - 1:
+            shutil.rmtree(local / f"restore-{rep}")
+    opens = store_opens(local / f"restore-{reps - 1}")
+    shutil.rmtree(local / f"restore-{reps - 1}")
+    # the run with the median ratio: per-run ratios are robust to a noisy neighbour
+    download, restored, seconds, r_bytes, d_bytes, stats = sorted(runs, key=lambda r: r[1] / r[0])[
+        reps // 2
+    ]
+    return {
+        "restore_mb_per_s": restored,
+        "plain_download_mb_per_s": download,
+        "restore_vs_download": restored / download,
+        "restore_seconds": seconds,
+        "restored_mb": r_bytes / 1e6,
+        "downloaded_mb": d_bytes / 1e6,
+        "restore_objects": len(objects),
+        "restore_vs_download_runs": [round(r[1] / r[0], 3) for r in runs],
+        "restore_mb_per_s_runs": [round(r[1], 1) for r in runs],
+        "plain_download_mb_per_s_runs": [round(r[0], 1) for r in runs],
+        "restore_slice_seconds_median": statistics.median(s["seconds"] for s in stats),
+        "restore_slice_seconds_max": max(s["seconds"] for s in stats),
+        **opens,
+        "restore_build_seconds": built,
+        "_restore_config": {
+            "slices": SLICES,
+            "values_per_slice": values,
+            "value_bytes": value_bytes,
+            "restore_threads": RESTORE_THREADS,
+            "file_threads": snapshot.FILE_THREADS,
+            "download_threads": threads,
+            "reps": reps,
+        },
+    }
+
+
+# 2. Restore time against history length ---------------------------------------------------
+
+
+def run_history(
+    loc: AppLocation, root: Path, by_slice: list[list[str]], batches: int, per_slice: int
+) -> int:
+    """The initial load of every key, then `batches` small batches updating the same keys;
+    returns the records processed."""
+    runner = GroupRunner(HandlerFactory(counter), RuntimeConfig(loc, HISTORY_SLICES, str(root)))
+    load = [(k, s) for s, ks in enumerate(by_slice) for k in ks]
+    started = time.perf_counter()
+    _, pending = runner.run(0, QUERY, 0, frame(load, 0), {}, NOW_MS)
+    records, seq, n = len(load), len(load), len(by_slice[0])
+    for b in range(1, batches + 1):
+        rows = [
+            (ks[(b * per_slice + j) % n], s)
+            for s, ks in enumerate(by_slice)
+            for j in range(per_slice)
+        ]
+        _, pending = runner.run(0, QUERY, b, frame(rows, seq), pending, NOW_MS + 1_000 * b)
+        records += len(rows)
+        seq += len(rows)
+        if b % 100 == 0:
+            log(f"  {loc.app}: batch {b}/{batches}, {time.perf_counter() - started:.0f}s")
+    return records
+
+
+def history_restore(
+    tmp: Path, batches: int, keys_per_slice: int, per_slice: int, reps: int
+) -> dict[str, Any]:
+    by_slice = keys_by_slice(HISTORY_SLICES, keys_per_slice, "user-")
+    runs: dict[int, dict[str, Any]] = {}
+    for n in (SHORT_HISTORY, batches):
+        loc = new_app(f"history{n}", HISTORY_SLICES)
+        started = time.perf_counter()
+        records = run_history(loc, tmp / f"history-{n}", by_slice, n, per_slice)
+        runs[n] = {
+            "loc": loc,
+            "records": records,
+            "seconds": time.perf_counter() - started,
+            "restores": [],
+        }
+        log(f"history: {n} batches in {runs[n]['seconds']:.1f}s")
+    for rep in range(reps):
+        for n, run in runs.items():
+            check = rep == 0
+            root = tmp / f"history-restore-{n}-{rep}"
+            seconds, restored, stats, total = restore_all(run["loc"], HISTORY_SLICES, root, check)
+            shutil.rmtree(root)
+            if check:
+                assert total == run["records"], f"restored {total} of {run['records']} counts"
+                run["stats"] = stats
+                run["bytes"] = restored
+            run["restores"].append(seconds)
+    short, long = (statistics.median(runs[n]["restores"]) for n in (SHORT_HISTORY, batches))
+    out: dict[str, Any] = {}
+    for n, run in runs.items():
+        stats = run["stats"]
+        out[f"restore_s_after_{n}_batches"] = statistics.median(run["restores"])
+        out[f"history_{n}_restore_runs_s"] = [round(x, 3) for x in run["restores"]]
+        out[f"history_{n}_restored_mb"] = run["bytes"] / 1e6
+        out[f"history_{n}_segments_replayed"] = sum(s["segments"] for s in stats)
+        out[f"history_{n}_slices_from_snapshot"] = sum(
+            s["snapshot_version"] is not None for s in stats
+        )
+        out[f"history_{n}_run_seconds"] = run["seconds"]
+    out[f"restore_ratio_{batches}_vs_{SHORT_HISTORY}"] = long / short
+    out["restore_ratio_long_vs_short"] = long / short
+    return out
+
+
+# 3. Requests per batch ----------------------------------------------------------------------
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(values), "max": max(values), "min": min(values)}
+
+
+def batch_requests(tmp: Path, requests: Requests, batches: int, per_slice: int) -> dict[str, Any]:
+    loc = new_app("requests", SLICES)
+    runner = GroupRunner(HandlerFactory(counter), RuntimeConfig(loc, SLICES, str(tmp / "req")))
+    by_slice = keys_by_slice(SLICES, per_slice, "req-")
+    groups = [
+        [(k, s) for s in group_slices(g, SLICES, GROUPS) for k in by_slice[s]]
+        for g in range(GROUPS)
+    ]
+    pending: list[dict] = [{} for _ in range(GROUPS)]
+    per_batch, seconds = [], []
+    seq = 0
+    requests.take()
+    for b in range(batches):
+        started = time.perf_counter()
+        for g, rows in enumerate(groups):
+            pdf = frame(rows, seq)
+            seq += len(rows)
+            _, pending[g] = runner.run(g, QUERY, b, pdf, pending[g], NOW_MS + 1_000 * b)
+        seconds.append(time.perf_counter() - started)
+        per_batch.append(requests.take())
+    assert all(not p for p in pending), "the counter handler set no timers"
+    with http_requests() as http:
+        started = time.perf_counter()
+        for g in range(GROUPS):
+            runner.run(g, QUERY, batches, None, {}, NOW_MS + 1_000 * batches)
+        idle_ms = (time.perf_counter() - started) * 1000
+    idle = requests.take()
+    heads = DurableState(loc).heads(list(range(SLICES))).values()
+    # a head's size is mostly its log and snapshot list; the rest is ~100 bytes
+    head_kb = [(len(encode_log(h.log)) + len(encode_snaps(h.snaps)) + 100) / 1024 for h in heads]
+
+    def of(calls: Counter, service: str, names: set[str] | None = None) -> int:
+        return sum(
+            n for (svc, op), n in calls.items() if svc == service and (names is None or op in names)
+        )
+
+    steady = per_batch[1:]
+    segment_puts = [c[("s3", "PutObject:segment")] for c in steady]
+    snapshot_puts = [c[("s3", "PutObject:snapshot")] for c in steady]
+    ddb_writes = [of(c, "dynamodb", DDB_WRITES) for c in steady]
+    quiet = [c for c in steady if not c[("s3", "PutObject:snapshot")]]
+    first = per_batch[0]
+    return {
+        "s3_puts_per_batch": max(segment_puts),
+        "dynamodb_writes_per_batch": max(ddb_writes),
+        "s3_puts_per_batch_with_snapshots": statistics.fmean(
+            s + p for s, p in zip(segment_puts, snapshot_puts, strict=True)
+        ),
+        "s3_snapshot_puts_per_batch": statistics.fmean(snapshot_puts),
+        "batches_without_snapshots": len(quiet),
+        "s3_puts_per_batch_without_snapshots": (
+            max(c[("s3", "PutObject:segment")] for c in quiet) if quiet else None
+        ),
+        "dynamodb_reads_per_batch": summary(
+            [of(c, "dynamodb") - w for c, w in zip(steady, ddb_writes, strict=True)]
+        ),
+        "s3_gets_per_batch": summary([of(c, "s3", {"GetObject"}) for c in steady]),
+        "first_batch_requests": {f"{svc}.{op}": n for (svc, op), n in sorted(first.items())},
+        "steady_batch_requests": {
+            f"{svc}.{op}": round(n / len(steady), 2)
+            for (svc, op), n in sorted(sum(steady, Counter()).items())
+        },
+        "head_item_kb": summary(head_kb),
+        "head_log_entries": summary([len(h.log) for h in heads]),
+        # a transactional write costs 2 write units per started KB of the item
+        "dynamodb_write_units_per_batch_estimate": sum(2 * math.ceil(kb) for kb in head_kb),
+        "idle_batch_requests": max(http[0], sum(idle.values())),
+        "idle_batch_ms": idle_ms,
+        "request_batch_seconds": summary(seconds[1:]),
+        "_requests_config": {
+            "slices": SLICES,
+            "groups": GROUPS,
+            "batches": batches,
+            "records_per_slice_per_batch": per_slice,
+            "snapshot_every": RuntimeConfig.snapshot_every,
+        },
+    }
+
+
+# -------------------------------------------------------------------------------------------
+
+
+def goals(out: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {
+        name: {
+            "target": target,
+            "value": round(out[name], 3),
+            "met": out[name] <= target if name in AT_MOST else out[name] >= target,
+        }
+        for name, target in GOALS.items()
+        if name in out
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--quick", action="store_true", help="~100 MB, 200 batches")
+    parser.add_argument("--slice-mb", type=float, help="state per slice (default 4, quick 0.4)")
+    parser.add_argument("--value-bytes", type=int, default=4096)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=snapshot.FILE_THREADS,
+        help="download threads of the baseline",
+    )
+    parser.add_argument("--reps", type=int, help="restores of each kind (default 5, quick 3)")
+    parser.add_argument("--batches", type=int, help="long history (default 1000, quick 200)")
+    parser.add_argument("--keys-per-slice", type=int, default=20_000)
+    parser.add_argument("--updates-per-slice", type=int, default=4, help="per history batch")
+    parser.add_argument("--request-batches", type=int, help="(default 100, quick 17)")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--local-dir", help="where the large restore writes (default: temp)")
+    parser.add_argument("--only", choices=PARTS, action="append", help="run only these parts")
+    args = parser.parse_args(argv)
+    parts = args.only or PARTS
+    slice_mb = args.slice_mb or (0.4 if args.quick else 4.0)
+    batches = args.batches or (200 if args.quick else 1000)
+    request_batches = args.request_batches or (17 if args.quick else 100)
+    reps = args.reps or (3 if args.quick else 5)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the emulators on a kill
+
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="shardless-bench-restore-") as tmp:
+        emulators = local_aws.start("kinesalite", log_dir=Path(tmp, "local-aws"))
+        try:
+            emulators.apply_env()
+            requests = Requests()
+            if "restore" in parts:
+                local = Path(tempfile.mkdtemp(prefix="restore-", dir=args.local_dir or tmp))
+                size = int(slice_mb * 1e6)
+                out |= large_restore(
+                    Path(tmp), local, size, args.value_bytes, args.threads, reps, args.seed
+                )
+                shutil.rmtree(local)
+            if "history" in parts:
+                out |= history_restore(
+                    Path(tmp), batches, args.keys_per_slice, args.updates_per_slice, reps
+                )
+            if "requests" in parts:
+                out |= batch_requests(Path(tmp), requests, request_batches, 4)
+        finally:
+            emulators.stop()
+    out["config"] = {
+        "parts": parts,
+        "restore": {
+            **out.pop("_restore_config", {}),
+            "slice_mb": slice_mb,
+            "local_dir": args.local_dir,
+        },
+        "history": {
+            "slices": HISTORY_SLICES,
+            "keys_per_slice": args.keys_per_slice,
+            "updates_per_slice_per_batch": args.updates_per_slice,
+            "batches": [SHORT_HISTORY, batches],
+            "snapshot_every": RuntimeConfig.snapshot_every,
+            "keep_snapshots": RuntimeConfig.keep_snapshots,
+            "reps": reps,
+        },
+        "requests": out.pop("_requests_config", {}),
+        "quick": args.quick,
+        "seed": args.seed,
+        "python": sys.version.split()[0],
+        "moto": version("moto"),
+        "boto3": version("boto3"),
+        "rocksdict": version("rocksdict"),
+        "cpus": len(os.sched_getaffinity(0)),
+    }
+    out["goals"] = goals(out)
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return
+    for name, value in out.items():
+        if isinstance(value, int | float):
+            print(f"{name:40} {value:>14,.3f}")
+    for name, goal in out["goals"].items():
+        met = "met" if goal["met"] else "NOT met"
+        print(f"goal {name:35} {goal['value']:>14,.3f}  target {goal['target']:,}  {met}")
+    print("config", json.dumps(out["config"]))
+
+
+if __name__ == "__main__":
+    main()

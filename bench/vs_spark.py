@@ -1,0 +1,485 @@
+"""shardless against Spark's own stateful operators, on one workload and one session:
+`python -m bench.vs_spark`.
+
+Each workload is written once as Parquet files of one micro-batch each, and every contender
+reads the same files through Spark's file source (`maxFilesPerTrigger=1`), in the same
+SparkSession (local[2], RocksDB state store provider), with the same `foreachBatch` sink:
+one small action per batch that also checks the batch's result against a NumPy fold of the
+same keys. Sustained rate = records / summed `triggerExecution` over the batches after the
+first (warm-up) one; latency = `triggerExecution` per batch.
+
+Contenders, each counting records per key:
+  shardless                        the counter handler (one get, one set per record), with
+                                   durable commits to moto server (S3, DynamoDB) per batch
+  apply_in_pandas_with_state       grouped by key, state = the count
+  transform_with_state_in_pandas   a ValueState count per key
+  spark_sql_count                  groupBy(key).count(), Spark's JVM aggregation
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from bench.state_loop import ZIPF_S, key_ids
+from processor.api import Context, Event
+
+CONTENDERS = (
+    "shardless",
+    "apply_in_pandas_with_state",
+    "transform_with_state_in_pandas",
+    "spark_sql_count",
+)
+PANDAS = ("apply_in_pandas_with_state", "transform_with_state_in_pandas")
+WORKLOADS = {  # name: (distribution, distinct keys)
+    "uniform_1m": ("uniform", 1_000_000),
+    "zipf_1m": ("zipf", 1_000_000),
+    "small_1k": ("uniform", 1_000),
+}
+SLICES = 256  # shardless's default
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+SOURCE_SCHEMA = "partition_key string, sequence_number long, arrival timestamp, data binary"
+PAYLOAD = b'{"v":1}'
+START = datetime(2026, 1, 1, tzinfo=UTC)
+GOALS = {"vs_faster_pandas": 10.0, "vs_spark_sql_count": 1.0}
+RUN_TIMEOUT_S = 1800
+
+
+def counter(event: Event, ctx: Context) -> None:
+    """The shardless contender: one get and one set per record."""
+    ctx.state.set(ctx.state.get(0) + 1)
+
+
+# -- the workload ---------------------------------------------------------------------------
+
+
+@dataclass
+class Workload:
+    """A workload's files (one per micro-batch) and what each batch must produce."""
+
+    name: str
+    root: Path
+    files: list[Path]
+    sizes: list[int]
+    distinct: list[int]  # distinct keys per batch: Spark's operators emit one row each
+    totals: list[int]  # the sum of those keys' counts after the batch
+    counts: np.ndarray  # every key's count after the last batch
+
+    def prefix(self, batches: int) -> Path:
+        """A folder with the first `batches` files (hard links), for the slow contenders."""
+        folder = self.root / f"first-{batches}"
+        if not folder.exists():
+            folder.mkdir()
+            for f in self.files[:batches]:
+                os.link(f, folder / f.name)
+        return folder
+
+
+def build(
+    name: str, dist: str, keys: int, records: int, size: int, seed: int, root: Path
+) -> Workload:
+    """Write the workload's batches as Parquet files and fold their expected counts."""
+    ids = np.asarray(key_ids(dist, records, keys, seed), dtype=np.int64)
+    names = np.array([f"user-{i}" for i in range(keys)], dtype=object)
+    folder = root / name / "all"
+    folder.mkdir(parents=True)
+    counts = np.zeros(keys, dtype=np.int64)
+    w = Workload(name, root / name, [], [], [], [], counts)
+    for b, lo in enumerate(range(0, records, size)):
+        chunk = ids[lo : lo + size]
+        np.add.at(counts, chunk, 1)
+        seen = np.unique(chunk)
+        arrival = [START.timestamp() * 1e6 + (lo + i) * 1000 for i in range(len(chunk))]
+        table = pa.table(
+            {
+                "partition_key": pa.array(names[chunk], pa.string()),
+                "sequence_number": pa.array(np.arange(lo, lo + len(chunk)), pa.int64()),
+                "arrival": pa.array(np.array(arrival, dtype="int64"), pa.timestamp("us", "UTC")),
+                "data": pa.array([PAYLOAD] * len(chunk), pa.binary()),
+            }
+        )
+        path = folder / f"batch-{b:05d}.parquet"
+        pq.write_table(table, path)
+        os.utime(path, (1_700_000_000 + b, 1_700_000_000 + b))  # the file source's order
+        w.files.append(path)
+        w.sizes.append(len(chunk))
+        w.distinct.append(len(seen))
+        w.totals.append(int(counts[seen].sum()))
+    return w
+
+
+# -- the contenders -------------------------------------------------------------------------
+
+
+def _count_group(key: tuple, pdfs: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
+    n = (state.get[0] if state.exists else 0) + sum(len(p) for p in pdfs)
+    state.update((n,))
+    yield pd.DataFrame({"partition_key": [key[0]], "count": [n]})
+
+
+def _count_processor() -> Any:
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    class CountProcessor(StatefulProcessor):
+        def init(self, handle: Any) -> None:
+            self.count = handle.getValueState("count", "count long")
+
+        def handleInputRows(self, key, rows, timerValues):  # noqa: ANN001, ANN201, N802, N803
+            n = (self.count.get()[0] if self.count.exists() else 0) + sum(len(r) for r in rows)
+            self.count.update((n,))
+            yield pd.DataFrame({"partition_key": [key[0]], "count": [n]})
+
+        def close(self) -> None:
+            pass
+
+    return CountProcessor()
+
+
+def query_for(
+    contender: str, spark: Any, src: Any, app: str, local_dir: str, slices: int = SLICES
+) -> Any:
+    """The streaming DataFrame each contender runs over the source `src`."""
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    out_schema = "partition_key string, count long"
+    if contender == "spark_sql_count":
+        return src.groupBy("partition_key").count()
+    if contender == "apply_in_pandas_with_state":
+        return (
+            src.select("partition_key")
+            .groupBy("partition_key")
+            .applyInPandasWithState(
+                _count_group, out_schema, "count long", "Update", GroupStateTimeout.NoTimeout
+            )
+        )
+    if contender == "transform_with_state_in_pandas":
+        return (
+            src.select("partition_key")
+            .groupBy("partition_key")
+            .transformWithStateInPandas(_count_processor(), out_schema, "Update", "None")
+        )
+    from changelog import resources
+    from processor.config import JobConfig
+    from processor.handlers import HandlerFactory
+    from processor.job import as_records, outputs
+
+    groups = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    cfg = JobConfig(
+        app=app,
+        streams=("bench",),
+        checkpoint="",
+        slices=slices,
+        groups=groups,
+        local_dir=local_dir,
+    )
+    resources.ensure(cfg.location, cfg.slices)
+    return outputs(spark, HandlerFactory(counter), cfg, as_records(src, slices, "bench"))
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU time of a process so far (Linux), 0 where unknown."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Run:
+    """One contender on one workload: per-batch records and seconds, as Spark reported them."""
+
+    contender: str
+    records: list[int] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    groups: list[dict[str, Any]] = field(default_factory=list)  # shardless: per batch
+    wall_seconds: float = 0.0
+    emulator_cpu_seconds: float = 0.0
+
+    def steady(self) -> tuple[list[int], list[float]]:
+        return self.records[1:], self.seconds[1:]
+
+    def summary(self) -> dict[str, Any]:
+        n, s = self.steady()
+        lat = sorted(s)
+        return {
+            "records_per_s": round(sum(n) / sum(s)) if s else None,
+            "measured_records": sum(n),
+            "measured_batches": len(n),
+            "warmup_records": self.records[0] if self.records else 0,
+            "warmup_s": round(self.seconds[0], 3) if self.seconds else None,
+            "p50_batch_s": round(statistics.median(lat), 3) if lat else None,
+            "p99_batch_s": round(lat[max(0, -(-99 * len(lat) // 100) - 1)], 3) if lat else None,
+            "batch_s": [round(x, 3) for x in self.seconds],
+            "wall_s": round(self.wall_seconds, 1),
+            "moto_cpu_s_per_batch": round(self.emulator_cpu_seconds / len(self.records), 2)
+            if self.records
+            else None,
+            "errors": self.errors,
+            **({"shardless_groups": self.groups} if self.groups else {}),
+        }
+
+
+def run(
+    contender: str,
+    spark: Any,
+    w: Workload,
+    batches: int,
+    tmp: Path,
+    moto: int | None,
+    slices: int = SLICES,
+) -> Run:
+    """Run `contender` over the first `batches` files of `w` and check every batch."""
+    from pyspark.sql import functions as F
+
+    folder = w.root / "all" if batches >= len(w.files) else w.prefix(batches)
+    src = (
+        spark.readStream.schema(SOURCE_SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(folder))
+    )
+    app = f"bench-{w.name.replace('_', '-')}-{uuid.uuid4().hex[:6]}"
+    df = query_for(contender, spark, src, app, str(tmp / "stores"), slices)
+    result = Run(contender)
+
+    def check(batch: Any, batch_id: int) -> None:
+        if contender == "shardless":
+            metrics = [json.loads(r.value) for r in batch.where("kind = 'metrics'").collect()]
+            got = sum(m["records"] for m in metrics)
+            result.groups.append(
+                {
+                    "group_s": [round(m["seconds"], 2) for m in metrics],
+                    "restores": sum(len(m["restores"]) for m in metrics),
+                    "committed_slices": sum(m["committed_slices"] for m in metrics),
+                    "segment_bytes": sum(m["segment_bytes"] for m in metrics),
+                }
+            )
+            want = w.sizes[batch_id]
+            if got != want:
+                result.errors.append(f"batch {batch_id}: {got} records processed, not {want}")
+            return
+        row = batch.agg(F.count(F.lit(1)).alias("rows"), F.sum("count").alias("total")).first()
+        want = (w.distinct[batch_id], w.totals[batch_id])
+        if (row.rows, row.total) != want:
+            result.errors.append(f"batch {batch_id}: (rows, sum of counts) {row} != {want}")
+
+    started, cpu = time.perf_counter(), cpu_seconds(moto)
+    query = (
+        df.writeStream.outputMode("update")
+        .option("checkpointLocation", str(tmp / f"ck-{app}-{contender}"))
+        .foreachBatch(check)
+        .trigger(availableNow=True)
+        .start()
+    )
+    if not query.awaitTermination(RUN_TIMEOUT_S):
+        query.stop()
+        result.errors.append(f"stopped after {RUN_TIMEOUT_S} s")
+    result.wall_seconds = time.perf_counter() - started
+    result.emulator_cpu_seconds = cpu_seconds(moto) - cpu
+    for p in query.recentProgress:
+        if p.numInputRows:
+            result.records.append(int(p.numInputRows))
+            result.seconds.append(p.durationMs["triggerExecution"] / 1000)
+    if len(result.records) != batches:
+        result.errors.append(f"{len(result.records)} batches with data, expected {batches}")
+    if contender == "shardless" and not result.errors:
+        result.errors += verify_durable(app, w, slices)
+    return result
+
+
+def verify_durable(app: str, w: Workload, slices: int) -> list[str]:
+    """shardless's state rebuilt from S3 and DynamoDB alone equals the NumPy fold."""
+    from changelog.durable import DurableState
+    from changelog.layout import AppLocation
+    from changelog.restore import materialize
+    from state import encoding
+    from state.keys import is_value_key, record_key
+
+    durable = DurableState(AppLocation.default(app))
+    found = np.zeros_like(w.counts)
+    with tempfile.TemporaryDirectory(prefix="shardless-verify-") as scratch:
+        for s, head in durable.heads(list(range(slices))).items():
+            store, _ = materialize(durable, head, Path(scratch) / str(s), slices)
+            for k, v in store.items():
+                if is_value_key(k):
+                    found[int(record_key(k).removeprefix("user-"))] = encoding.decode(v)
+            store.close()
+    bad = int(np.count_nonzero(found != w.counts))
+    return [f"{bad} keys' durable counts differ from the fold"] if bad else []
+
+
+# -- the run --------------------------------------------------------------------------------
+
+
+def spark_session(master: str, groups: int) -> Any:
+    """One session for every contender: shardless's own, with the RocksDB provider."""
+    from processor.spark import session
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = session(master, groups=groups, app_name="shardless-bench-vs-spark")
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
+    spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+    return spark
+
+
+def ratios(rates: dict[str, float | None]) -> dict[str, float | None]:
+    ours = rates.get("shardless")
+    return {
+        f"shardless_vs_{c}": round(ours / r, 2) if ours and r else None
+        for c, r in rates.items()
+        if c != "shardless"
+    }
+
+
+def goals(workloads: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    out = {}
+    for name in ("uniform_1m", "zipf_1m"):
+        rates = workloads.get(name)
+        if not rates or not rates.get("shardless"):
+            continue
+        pandas_best = max((rates.get(c) or 0) for c in PANDAS)
+        values = {
+            "vs_faster_pandas": rates["shardless"] / pandas_best if pandas_best else None,
+            "vs_spark_sql_count": rates["shardless"] / rates["spark_sql_count"]
+            if rates.get("spark_sql_count")
+            else None,
+        }
+        for goal, target in GOALS.items():
+            if values[goal] is not None:
+                out[f"{name}_{goal}"] = {
+                    "target": target,
+                    "value": round(values[goal], 2),
+                    "met": values[goal] >= target,
+                }
+    return out
+
+
+def measure(
+    master: str,
+    args: argparse.Namespace,
+    contenders: list[str],
+    workloads: list[str],
+    tmp: Path,
+    moto: int | None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every contender on every workload in one session; returns (rates, runs) by workload."""
+    total = -(-args.records // args.batch)
+    rates_by: dict[str, Any] = {}
+    runs_by: dict[str, Any] = {}
+    spark = spark_session(master, args.groups)
+    try:
+        for i, name in enumerate(workloads):
+            dist, keys = WORKLOADS[name]
+            data = tmp / f"data-{uuid.uuid4().hex[:6]}"
+            w = build(name, dist, keys, args.records, args.batch, args.seed + i, data)
+            rates: dict[str, float | None] = {}
+            runs: dict[str, Any] = {}
+            for contender in contenders:
+                slow = contender in PANDAS and keys > 10_000
+                batches = min(total, args.slow_batches) if slow else total
+                print(
+                    f"{master} {name}: {contender}, {batches} batches", file=sys.stderr, flush=True
+                )
+                summary = run(contender, spark, w, batches, tmp, moto, args.slices).summary()
+                runs[contender], rates[contender] = summary, summary["records_per_s"]
+                print(f"{master} {name}: {contender} {json.dumps(summary)}", file=sys.stderr)
+            rates_by[name] = rates
+            runs_by[name] = {**runs, "ratios": ratios(rates), "keys": keys, "distribution": dist}
+            shutil.rmtree(data, ignore_errors=True)
+    finally:
+        spark.stop()
+    return rates_by, runs_by
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--quick", action="store_true", help="300k records, 1+1 slow batches")
+    parser.add_argument("--records", type=int, default=1_000_000, help="per workload")
+    parser.add_argument("--batch", type=int, default=100_000, help="records per micro-batch")
+    parser.add_argument(
+        "--slow-batches", type=int, default=3, help="pandas operators' batches on 1M keys"
+    )
+    parser.add_argument("--groups", type=int, default=2, help="spark.sql.shuffle.partitions")
+    parser.add_argument("--slices", type=int, default=SLICES, help="shardless's slice count")
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument(
+        "--also-master",
+        default="local-cluster[2,1,1024]",
+        help="rerun shardless and spark_sql_count under this master ('' for none)",
+    )
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--contenders", default=",".join(CONTENDERS))
+    parser.add_argument("--seed", type=int, default=42)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.records, args.slow_batches = min(args.records, 3 * args.batch), 2
+    contenders = [c for c in CONTENDERS if c in args.contenders.split(",")]
+    workloads = [w for w in WORKLOADS if w in args.workloads.split(",")]
+
+    from processor import local_aws
+
+    tmp = Path(tempfile.mkdtemp(prefix="shardless-vs-spark-"))
+    aws = local_aws.start("kinesalite", log_dir=tmp / "local-aws")
+    aws.apply_env()
+    moto = aws.pids[0] if aws.pids else None  # started first: moto server
+    out: dict[str, Any] = {}
+    try:
+        out["workloads"], out["runs"] = measure(args.master, args, contenders, workloads, tmp, moto)
+        again = [c for c in ("shardless", "spark_sql_count") if c in contenders]
+        if args.also_master and again:
+            rates, runs = measure(args.also_master, args, again, workloads, tmp, moto)
+            out["also"] = {"master": args.also_master, "workloads": rates, "runs": runs}
+    finally:
+        aws.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    out["goals"] = goals(out["workloads"])
+    out["config"] = {
+        "master": args.master,
+        "shuffle_partitions": args.groups,
+        "state_store_provider": ROCKSDB,
+        "records_per_workload": args.records,
+        "batch_records": args.batch,
+        "batches": -(-args.records // args.batch),
+        "warmup_batches": 1,
+        "slow_batches": args.slow_batches,
+        "slices": args.slices,
+        "zipf_s": ZIPF_S,
+        "source": "Parquet files, one per micro-batch (maxFilesPerTrigger=1), availableNow",
+        "sink": "foreachBatch: one checking action per batch",
+        "durable_commits": "moto server (S3, DynamoDB) on loopback, on the same 2 cores",
+        "seed": args.seed,
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "pyspark": version("pyspark"),
+    }
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return
+    for name, rates in out["workloads"].items():
+        print(name, json.dumps(rates), json.dumps(out["runs"][name]["ratios"]))
+    for name, goal in out["goals"].items():
+        met = "met" if goal["met"] else "NOT met"
+        print(f"goal {name}: {goal['value']} (target {goal['target']}) {met}")
+
+
+if __name__ == "__main__":
+    main()

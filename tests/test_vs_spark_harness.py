@@ -1,0 +1,106 @@
+"""The vs-Spark benchmark's workload and the file-fed path of `outputs()`, checked against a
+plain-Python fold of the same records."""
+
+from __future__ import annotations
+
+import json
+import random
+import string
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from bench import vs_spark
+from processor.config import JobConfig
+from processor.handlers import HandlerFactory
+from processor.job import as_records, outputs, slice_column
+from processor.routing import route
+
+
+def test_workload_files_and_expected_counts_match_a_python_fold(tmp_path: Path) -> None:
+    w = vs_spark.build("zipf", "zipf", 500, 2_500, 1_000, 7, tmp_path)
+    assert w.sizes == [1_000, 1_000, 500]
+    folded: Counter[str] = Counter()
+    seqs: list[int] = []
+    for b, path in enumerate(w.files):
+        table = pq.read_table(path).to_pydict()
+        folded.update(table["partition_key"])
+        seqs += table["sequence_number"]
+        assert w.distinct[b] == len(set(table["partition_key"]))
+        assert w.totals[b] == sum(folded[k] for k in set(table["partition_key"]))
+    assert seqs == list(range(2_500))  # files in batch order, records in stream order
+    assert {f"user-{i}": int(n) for i, n in enumerate(w.counts) if n} == dict(folded)
+    assert folded.most_common(1)[0][0] == "user-0"  # Zipf: rank 1 is the hottest key
+
+
+@pytest.mark.slow
+def test_slice_column_routes_exactly_as_the_kinesis_source(spark) -> None:  # noqa: ANN001
+    rng = random.Random(3)
+    keys = [f"user-{i}" for i in range(300)] + ["", "é", "日本語", "a\x00b", "🎉"]
+    keys += ["".join(rng.choices(string.printable, k=rng.randint(1, 30))) for _ in range(300)]
+    df = spark.createDataFrame([(k,) for k in keys], "partition_key string")
+    for n in (1, 7, 16, 256, 1000, 65536):
+        got = [r[0] for r in df.select(slice_column("partition_key", n)).collect()]
+        assert got == [route(k, None, n) for k in keys], n
+
+
+def emit_count(event, ctx) -> None:  # noqa: ANN001
+    n = ctx.state.get(0) + 1
+    ctx.state.set(n)
+    ctx.emit(n)
+
+
+@pytest.mark.slow
+def test_file_fed_outputs_count_each_key_in_stream_order(spark, location, tmp_path) -> None:  # noqa: ANN001
+    w = vs_spark.build("small", "uniform", 40, 900, 300, 1, tmp_path / "data")
+    src = (
+        spark.readStream.schema(vs_spark.SOURCE_SCHEMA)
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(w.root / "all"))
+    )
+    groups = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    cfg = JobConfig(app=location.app, streams=("files",), checkpoint="", slices=16,
+                    groups=groups, local_dir=str(tmp_path / "stores"))  # fmt: skip
+    df = outputs(spark, HandlerFactory(emit_count), cfg, as_records(src, 16, "files"))
+    seen: dict[int, list[tuple[str, int]]] = {}
+
+    def collect(batch, batch_id: int) -> None:  # noqa: ANN001
+        rows = batch.where("kind = 'out'").orderBy("slice", "seq").collect()
+        seen[batch_id] = [(r.key, json.loads(r.value)) for r in rows]
+
+    # as `job.start` does for availableNow: no batches without data, or the timers' timeout
+    # keeps the query running
+    spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+    query = (
+        df.writeStream.outputMode("update")
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .foreachBatch(collect)
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(300), "the query did not finish"
+    assert sorted(seen) == [0, 1, 2]
+    per_key: dict[str, list[int]] = {}
+    for b in sorted(seen):
+        for key, n in seen[b]:
+            per_key.setdefault(key, []).append(n)
+    # one output per record, each key counting 1, 2, 3, ... across batches
+    assert sum(len(ns) for ns in per_key.values()) == 900
+    assert all(ns == list(range(1, len(ns) + 1)) for ns in per_key.values())
+    assert {k: len(ns) for k, ns in per_key.items()} == {
+        f"user-{i}": int(n) for i, n in enumerate(w.counts) if n
+    }
+
+
+@pytest.mark.slow
+def test_harness_runs_and_checks_spark_sql_and_shardless(spark, aws, tmp_path) -> None:  # noqa: ANN001
+    w = vs_spark.build("tiny", "uniform", 50, 600, 200, 2, tmp_path / "data")
+    spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+    moto = aws.pids[0]
+    for contender in ("spark_sql_count", "shardless"):  # shardless: 256 slices, as benchmarked
+        summary = vs_spark.run(contender, spark, w, 3, tmp_path, moto).summary()
+        assert summary["errors"] == [], contender
+        assert summary["measured_records"] == 400 and summary["warmup_records"] == 200
+        assert summary["records_per_s"] > 0
