@@ -32,6 +32,7 @@ from changelog.layout import (
     head_from_item,
     new_uid,
     next_history,
+    query_tag,
     segment_key,
     slice_pk,
 )
@@ -133,7 +134,9 @@ class DurableState:
         updates = []
         now = _now_ms()
         for c, ref in zip(commits, refs, strict=True):
-            entry = LogEntry(c.version, batch, group, uid, ref.offset, ref.length, ref.records)
+            entry = LogEntry(
+                c.version, batch, group, uid, ref.offset, ref.length, ref.records, query_tag(query)
+            )
             old = c.expected or Head(c.slice, 0, "", -1)
             log, snaps = next_history(old.log, old.snaps, entry, c.snapshot, self.keep_snapshots)
             updates.append({"Update": self._head_update(c, query, batch, log, snaps, now)})
@@ -151,6 +154,34 @@ class DurableState:
                     ) from exc
                 raise
         return CommitResult(uid, len(body), -(-len(updates) // _SLICES_PER_TRANSACTION))
+
+    def install(self, slice_id: int, version: int, snapshot: SnapRef, query: str) -> None:
+        """Start a slice's history from a snapshot (a new state generation, written by a
+        tool); refused if the slice already has a committed head."""
+        try:
+            self._ddb.put_item(
+                TableName=self.loc.table,
+                Item={
+                    "pk": {"S": slice_pk(slice_id)},
+                    "sk": {"S": HEAD_SK},
+                    "version": {"N": str(version)},
+                    "query": {"S": query},
+                    "batch": {"N": "-1"},
+                    "log": {"B": encode_log(())},
+                    "snaps": {"B": encode_snaps((snapshot,))},
+                    "at": {"N": str(_now_ms())},
+                },
+                ConditionExpression="attribute_not_exists(pk) OR #v = :zero",
+                ExpressionAttributeNames={"#v": "version"},
+                ExpressionAttributeValues={":zero": {"N": "0"}},
+            )
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] == "ConditionalCheckFailedException":
+                raise CommitConflictError(
+                    f"slice {slice_id} of {self.loc.app!r} already has committed state; "
+                    "write a new generation to an application without state"
+                ) from exc
+            raise
 
     def claim(self, heads: dict[int, Head | None], owner: str | None = None) -> dict[int, Head]:
         """Take ownership of slices: raise each one's epoch by one, conditional on the head

@@ -89,6 +89,7 @@ class LogEntry:
     offset: int
     length: int
     records: int
+    query: str = ""  # the first 8 characters of the committing query's id
 
     def key(self, loc: AppLocation) -> str:
         return segment_key(loc, self.batch, self.group, self.uid)
@@ -102,6 +103,8 @@ class SnapRef:
     key: str
     bytes: int
     files: int
+    batch: int = -1  # the batch that committed `version` (-1: not known)
+    query: str = ""  # and its query (first 8 characters)
 
 
 @dataclass(frozen=True)
@@ -128,20 +131,25 @@ class Head:
 
 def encode_log(log: tuple[LogEntry, ...] | list[LogEntry]) -> bytes:
     return msgpack.packb(
-        [[e.version, e.batch, e.group, e.uid, e.offset, e.length, e.records] for e in log]
+        [[e.version, e.batch, e.group, e.uid, e.offset, e.length, e.records, e.query] for e in log]
     )
 
 
 def decode_log(raw: bytes) -> tuple[LogEntry, ...]:
-    return tuple(LogEntry(*row[:7]) for row in msgpack.unpackb(raw))
+    return tuple(LogEntry(*row[:8]) for row in msgpack.unpackb(raw))
 
 
 def encode_snaps(snaps: tuple[SnapRef, ...] | list[SnapRef]) -> bytes:
-    return msgpack.packb([[s.version, s.key, s.bytes, s.files] for s in snaps])
+    return msgpack.packb([[s.version, s.key, s.bytes, s.files, s.batch, s.query] for s in snaps])
 
 
 def decode_snaps(raw: bytes) -> tuple[SnapRef, ...]:
-    return tuple(SnapRef(*row) for row in msgpack.unpackb(raw))
+    return tuple(SnapRef(*row[:6]) for row in msgpack.unpackb(raw))
+
+
+def query_tag(query: str) -> str:
+    """The short form of a query id kept in log entries and snapshots."""
+    return query[:8]
 
 
 def _int(item: dict, name: str, default: int = 0) -> int:

@@ -7,9 +7,7 @@ alone, so it never changes when shards split or merge.
 
 from __future__ import annotations
 
-import hashlib
-
-from state.slices import HASH_SPACE, slice_of, slices_overlapping
+from state.slices import HASH_SPACE, key_hash, slice_of, slices_overlapping
 
 __all__ = ["hash_key", "route", "shard_slices", "slice_of"]
 
@@ -21,7 +19,7 @@ def hash_key(partition_key: str, explicit_hash_key: str | None = None) -> int:
         if not 0 <= h < HASH_SPACE:
             raise ValueError(f"explicit hash key {explicit_hash_key!r} is outside [0, 2**128)")
         return h
-    return int.from_bytes(hashlib.md5(partition_key.encode("utf-8")).digest(), "big")
+    return key_hash(partition_key)
 
 
 def route(partition_key: str, explicit_hash_key: str | None, slices: int) -> int:

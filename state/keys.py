@@ -134,5 +134,17 @@ def expiries_due(kind: bytes, upto: int) -> tuple[bytes, bytes]:
     return EXPIRIES + kind, EXPIRIES + kind + _TS.pack(upto + 1)
 
 
+def owner(db_key: bytes) -> str | None:
+    """The record key an entry of the store belongs to (None for engine metadata): its
+    value, map entries and timer index, its timers, and the expiries of any of them."""
+    if db_key.startswith(DATA):
+        return record_key(db_key)
+    if db_key.startswith(TIMERS):
+        return parse_timer_key(db_key)[2]
+    if db_key.startswith(EXPIRIES):
+        return owner(db_key[10:])
+    return None
+
+
 def parse_expiry_key(db_key: bytes) -> tuple[bytes, int, bytes]:
     return db_key[1:2], _TS.unpack_from(db_key, 2)[0], db_key[10:]

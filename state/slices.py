@@ -4,6 +4,8 @@ A slice is the unit of state, ownership and restore. `slice_of` is the whole rou
 rule; everything else (shards, Spark partitions, executors) is irrelevant to it.
 """
 
+import hashlib
+
 HASH_SPACE = 1 << 128
 DEFAULT_SLICES = 256
 
@@ -13,6 +15,11 @@ def check_slices(n: int) -> int:
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 65536:
         raise ValueError(f"slice count must be an integer in [1, 65536], got {n!r}")
     return n
+
+
+def key_hash(partition_key: str) -> int:
+    """The MD5 of a partition key as a 128-bit big-endian integer, as Kinesis hashes it."""
+    return int.from_bytes(hashlib.md5(partition_key.encode("utf-8")).digest(), "big")
 
 
 def slice_of(hash_key: int, n: int) -> int:

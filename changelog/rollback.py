@@ -1,0 +1,142 @@
+"""Rolling an application's state back to what it was after an earlier batch.
+
+All slices move together to the cut "everything query Q committed up to batch B": a
+slice's target is the version before its first commit by Q in a batch after B (slices
+with no such commit stay where they are). Heads are rewritten conditionally on the head
+read, so a running job makes the roll-back fail rather than interleave with it; the
+objects of the versions rolled back stay until garbage collection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from botocore.exceptions import ClientError
+
+from changelog import aws, resources
+from changelog.durable import DurableState
+from changelog.errors import ChangelogError, CommitConflictError
+from changelog.layout import (
+    HEAD_SK,
+    AppLocation,
+    Head,
+    encode_log,
+    encode_snaps,
+    query_tag,
+    slice_pk,
+)
+
+
+class RollbackError(ChangelogError):
+    """The state cannot be rolled back to the batch asked for."""
+
+
+@dataclass
+class RollbackPlan:
+    query: str
+    batch: int
+    moves: dict[int, tuple[int, int]] = field(default_factory=dict)  # slice -> (from, to)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "query": self.query,
+            "batch": self.batch,
+            "slices": len(self.moves),
+            "moves": {str(s): {"from": a, "to": b} for s, (a, b) in sorted(self.moves.items())},
+        }
+
+
+def target(head: Head, tag: str, batch: int) -> int:
+    """The version of `head` after query `tag`'s batch `batch` (see module docstring)."""
+    too_new = [e for e in head.log if e.query == tag and e.batch > batch]
+    if not too_new:
+        if any(s.query == tag and s.batch > batch for s in head.snaps) and not head.log:
+            raise RollbackError(f"slice {head.slice}: batch {batch} is older than its history")
+        return head.version
+    version = too_new[0].version - 1
+    floor = head.snaps[0] if head.snaps else None
+    if (
+        floor is not None
+        and version == floor.version
+        and floor.query == tag
+        and floor.batch > batch
+    ):
+        raise RollbackError(
+            f"slice {head.slice}: its oldest retained snapshot (v{floor.version}) is from batch "
+            f"{floor.batch}, after {batch}; the state of batch {batch} is no longer retained"
+        )
+    if floor is None and head.log and head.log[0].version > 1 and version < head.log[0].version:
+        raise RollbackError(f"slice {head.slice}: version {version} is no longer retained")
+    return version
+
+
+def plan(loc: AppLocation, query: str, batch: int) -> RollbackPlan:
+    slices = resources.app_slices(loc)
+    tag = query_tag(query)
+    heads = DurableState(loc).heads(list(range(slices)))
+    out = RollbackPlan(query, batch)
+    for s, head in sorted(heads.items()):
+        if not head.committed:
+            continue
+        to = target(head, tag, batch)
+        if to != head.version:
+            out.moves[s] = (head.version, to)
+    return out
+
+
+def apply(loc: AppLocation, rollback: RollbackPlan) -> int:
+    """Rewrite the heads of the plan; returns how many moved. Each head is conditional on
+    the version the plan saw."""
+    durable = DurableState(loc)
+    heads = durable.heads(sorted(rollback.moves))
+    ddb = aws.client("dynamodb")
+    moved = 0
+    for s, (was, to) in sorted(rollback.moves.items()):
+        head = heads[s]
+        if head.version != was:
+            raise CommitConflictError(
+                f"slice {s} moved from v{was} to v{head.version} since the plan was made: is "
+                "the application running? Stop it and plan again"
+            )
+        log = tuple(e for e in head.log if e.version <= to)
+        snaps = tuple(x for x in head.snaps if x.version <= to)
+        at = next((e for e in log if e.version == to), None)
+        batch = at.batch if at else (snaps[-1].batch if snaps and snaps[-1].version == to else -1)
+        try:
+            ddb.update_item(
+                TableName=loc.table,
+                Key={"pk": {"S": slice_pk(s)}, "sk": {"S": HEAD_SK}},
+                UpdateExpression="SET #v = :v, #q = :q, #b = :b, #l = :l, #s = :s, "
+                "#e = :next, #o = :owner",
+                ConditionExpression="#v = :was AND "
+                + ("#e = :epoch" if head.epoch else "(attribute_not_exists(#e) OR #e = :epoch)"),
+                ExpressionAttributeNames={
+                    "#v": "version",
+                    "#q": "query",
+                    "#b": "batch",
+                    "#l": "log",
+                    "#s": "snaps",
+                    "#e": "epoch",
+                    "#o": "owner",
+                },
+                ExpressionAttributeValues={
+                    ":v": {"N": str(to)},
+                    ":q": {"S": f"rollback:{rollback.query}"},
+                    ":b": {"N": str(batch)},
+                    ":l": {"B": encode_log(log)},
+                    ":s": {"B": encode_snaps(snaps)},
+                    ":was": {"N": str(was)},
+                    ":epoch": {"N": str(head.epoch)},
+                    ":next": {"N": str(head.epoch + 1)},  # fences every current owner
+                    ":owner": {"S": "rollback"},
+                },
+            )
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] == "ConditionalCheckFailedException":
+                raise CommitConflictError(
+                    f"slice {s} changed while rolling back ({moved} slices already moved): "
+                    "stop the application and run the roll-back again"
+                ) from exc
+            raise
+        moved += 1
+    return moved
