@@ -172,6 +172,12 @@ def _rewrite(
         rows = []
         durable = DurableState(target)
         for t in news:
+            if not written[t].count:  # no state: the slice starts at version 0
+                rows.append(
+                    {"slice": t, "from": olds, "entries": 0, "digest": f"{0:016x}", "bytes": 0,
+                     "verified": True}
+                )  # fmt: skip
+                continue
             store = stores[t]
             store.commit([], 1)
             ref, _, sent = write_snapshot(target, t, 1, store.checkpoint(scratch / f"ck-{t}"), None)

@@ -22,6 +22,7 @@ from changelog.layout import (
     Head,
     encode_log,
     encode_snaps,
+    plan_restore,
     query_tag,
     slice_pk,
 )
@@ -47,26 +48,38 @@ class RollbackPlan:
 
 
 def target(head: Head, tag: str, batch: int) -> int:
-    """The version of `head` after query `tag`'s batch `batch` (see module docstring)."""
-    too_new = [e for e in head.log if e.query == tag and e.batch > batch]
-    if not too_new:
-        if any(s.query == tag and s.batch > batch for s in head.snaps) and not head.log:
-            raise RollbackError(f"slice {head.slice}: batch {batch} is older than its history")
+    """The version of `head` after query `tag`'s batch `batch` (see module docstring).
+
+    The slice's retained history (log entries and snapshots, which record the query and
+    batch that committed their version) says where the cut falls: just before the first
+    version `tag` committed in a later batch, or, when it has none, at the last version it
+    committed (commits of later queries after it roll back too). A slice whose retained
+    history holds nothing of `tag` stays where it is. Raises RollbackError when the cut
+    falls before what is retained.
+    """
+    hist = sorted(
+        {(e.version, e.query, e.batch) for e in head.log}
+        | {(x.version, x.query, x.batch) for x in head.snaps if x.query}
+    )
+    too_new = [v for v, q, b in hist if q == tag and b > batch]
+    mine = [v for v, q, b in hist if q == tag]
+    if too_new:
+        version = min(too_new) - 1
+    elif mine:
+        version = max(mine)
+    else:
         return head.version
-    version = too_new[0].version - 1
-    floor = head.snaps[0] if head.snaps else None
-    if (
-        floor is not None
-        and version == floor.version
-        and floor.query == tag
-        and floor.batch > batch
-    ):
+    if version in (0, head.version):
+        return version
+    try:
+        plan_restore(head, None, version)
+    except ValueError:
+        kept = f"v{head.snaps[0].version}" if head.snaps else f"v{head.log[0].version - 1}"
         raise RollbackError(
-            f"slice {head.slice}: its oldest retained snapshot (v{floor.version}) is from batch "
-            f"{floor.batch}, after {batch}; the state of batch {batch} is no longer retained"
-        )
-    if floor is None and head.log and head.log[0].version > 1 and version < head.log[0].version:
-        raise RollbackError(f"slice {head.slice}: version {version} is no longer retained")
+            f"slice {head.slice}: the state after batch {batch} (v{version}) is no longer "
+            f"retained (the oldest restorable version is {kept}; keep more with "
+            "--keep-snapshots)"
+        ) from None
     return version
 
 

@@ -8,12 +8,13 @@ import sys
 from pyspark.sql import SparkSession
 
 from processor.kinesis.source import KinesisDataSource
+from processor.state_source import StateDataSource
 
 _FORWARDED_ENV = ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION", "SHARDLESS_")
 
 
 def session(master: str = "local[2]", groups: int = 8, app_name: str = "shardless") -> SparkSession:
-    """Create (or reuse) the process's session, with the Kinesis source registered.
+    """Create (or reuse) the process's session, with the Kinesis and state sources registered.
 
     Workers must run this interpreter (its packages), and Python workers are reused so that
     slice stores stay open between batches.
@@ -40,4 +41,5 @@ def session(master: str = "local[2]", groups: int = 8, app_name: str = "shardles
     )
     spark.sparkContext.setLogLevel("WARN")
     spark.dataSource.register(KinesisDataSource)
+    spark.dataSource.register(StateDataSource)
     return spark
