@@ -294,6 +294,48 @@ def test_progress_bars_show_rate_and_time_left_only_on_a_terminal():
     assert "4/4 slices" in stream.getvalue() and stream.getvalue().endswith("\n")
 
 
+def test_a_running_job_holds_the_lease_and_releases_it_when_stopped(
+    spark, kinesis, make_stream, location, tmp_path, capsys
+):
+    import time
+
+    from processor.handlers import HandlerFactory
+
+    stream = make_stream(1)
+    kinesis.put_record(StreamName=stream, PartitionKey="k", Data=b"{}")
+    cfg = JobConfig(
+        app=location.app,
+        streams=(stream,),
+        checkpoint=str(tmp_path / "ck"),
+        slices=16,
+        groups=4,
+        local_dir=str(tmp_path / "stores"),
+    )
+    query = start(
+        spark,
+        HandlerFactory(lambda event, ctx: ctx.state.set(1)),
+        cfg,
+        sink=lambda df, batch_id: None,
+        processing_time="1 second",
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while lease.read(location) is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        held = lease.read(location)
+        assert held is not None and held.query == str(query.id)
+        code, _, err = state_cmd(capsys, "gc", "--app", location.app, "--delete", "--quiet-s", "0")
+        assert code == 3 and "holds the application's lease" in err
+        _, data, _ = state_cmd(capsys, "ls", "--app", location.app, "--json", "--quiet-s", "0")
+        assert data["running"]
+    finally:
+        query.stop()
+    deadline = time.monotonic() + 60
+    while lease.read(location) is not None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert lease.read(location) is None
+
+
 # ---- commands that change state (in this order) -----------------------------------------------
 
 
