@@ -8,6 +8,7 @@ retried: the lease only informs the state tools, it never stops the job.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
@@ -46,4 +47,10 @@ def hold(loc: AppLocation, query: Any, ttl_s: float = lease.DEFAULT_TTL_S) -> th
     thread = threading.Thread(target=beat, name=f"shardless-lease-{loc.app}", daemon=True)
     thread.stop = stop  # type: ignore[attr-defined]
     thread.start()
+
+    def let_go() -> None:  # a driver that exits normally releases at once
+        stop.set()
+        thread.join(timeout=10)
+
+    atexit.register(let_go)
     return thread

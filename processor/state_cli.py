@@ -26,6 +26,7 @@ from typing import Any
 
 from changelog import gc, lease, reslice, resources, rollback, verify
 from changelog.durable import DurableState
+from changelog.errors import ChangelogError
 from changelog.inspect import StateQueryError, entries, jsonable, keys_of, opened
 from changelog.layout import AppLocation, Head
 from changelog.restore import materialize
@@ -411,9 +412,12 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("changelog").setLevel(logging.WARNING)
     try:
         return args.state_func(args)
-    except StateBusyError as exc:
+    except (ProcessorError, ChangelogError) as exc:
+        code = EXIT_RUNNING if isinstance(exc, StateBusyError) else 2
+        if args.json:  # scripts get the error on stdout too, as the one JSON object
+            print(json.dumps({"error": str(exc), "exit": code}))
         print(f"shardless: {exc}", file=sys.stderr)
-        return EXIT_RUNNING
+        return code
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

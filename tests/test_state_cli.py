@@ -38,6 +38,10 @@ def test_gc_is_a_dry_run_unless_told(location, tmp_path, capsys):
     assert code == 0 and report["dry_run"] and report["unreferenced"] > 0
     assert report["deleted"] == report["unreferenced"]  # would delete: no grace asked
     code, out = run_cli(capsys, "state", "gc", "--app", location.app, "--json", "--delete")
+    assert code == 3 and "looks running" in json.loads(out)["error"]  # it just committed
+    code, out = run_cli(
+        capsys, "state", "gc", "--app", location.app, "--json", "--delete", "--quiet-s", "0"
+    )
     assert json.loads(out)["deleted"] == 0  # first sighting starts the grace period
 
 

@@ -271,6 +271,8 @@ def test_bad_input_is_one_line_naming_what_was_wrong(built, capsys, argv, messag
     code = cli.main(["state", argv[0], "--app", built.app, *argv[1:]])
     err = capsys.readouterr().err
     assert code == 2 and message in err
+    code, data, _ = state_cmd(capsys, argv[0], "--app", built.app, *argv[1:], "--json")
+    assert code == 2 and message in data["error"] and data["exit"] == 2
 
 
 def test_slice_specs_parse():
