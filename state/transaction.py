@@ -25,6 +25,7 @@ class Transaction:
         self._writes: dict[bytes, object] = {}
         self._reads: dict[bytes, bytes | None] = {}
         self._engine: set[bytes] = set()  # written keys outside the values (timers, TTL)
+        self._journal: list[tuple[bytes, object]] | None = None  # (key, write it replaced)
 
     def prefetch(self, keys: Iterable[bytes]) -> None:
         """Read many distinct keys in one multi-get (faster than one get each, and faster
@@ -42,14 +43,41 @@ class Transaction:
         return None if found is _DELETED else found  # type: ignore[return-value]
 
     def put(self, key: bytes, value: bytes) -> None:
+        if self._journal is not None:
+            self._journal.append((key, self._writes.get(key, _ABSENT)))
         self._writes[key] = value
         if key[0] != _DATA_BYTE:
             self._engine.add(key)
 
     def delete(self, key: bytes) -> None:
+        if self._journal is not None:
+            self._journal.append((key, self._writes.get(key, _ABSENT)))
         self._writes[key] = _DELETED
         if key[0] != _DATA_BYTE:
             self._engine.add(key)
+
+    def savepoint(self) -> int:
+        """Mark the writes so far; `rollback_to` undoes every write after the mark (a
+        record whose handler failed leaves no trace). Journaling starts with the first
+        savepoint, so transactions that never take one pay nothing."""
+        if self._journal is None:
+            self._journal = []
+        return len(self._journal)
+
+    def rollback_to(self, mark: int) -> None:
+        assert self._journal is not None, "rollback_to without a savepoint"
+        for key, previous in reversed(self._journal[mark:]):
+            if previous is _ABSENT:
+                del self._writes[key]
+                self._engine.discard(key)
+            else:
+                self._writes[key] = previous
+        del self._journal[mark:]
+
+    def release(self, mark: int) -> None:
+        """Forget the journal from `mark` on (the record succeeded)."""
+        if self._journal is not None:
+            del self._journal[mark:]
 
     def __len__(self) -> int:
         return len(self._writes)

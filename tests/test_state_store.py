@@ -251,3 +251,51 @@ def test_transaction_behaves_like_a_dict_over_the_store(
             assert store.version == 2
         finally:
             store.close()
+
+
+_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["put", "delete"]),
+        st.sampled_from([data_key(k) for k in "abcd"] + [b"\x02timer-x", b"\x03exp-y"]),
+        st.binary(max_size=3),
+    ),
+    max_size=12,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(before=_ops, failed=_ops, after=_ops, ok=st.booleans())
+def test_rollback_to_a_savepoint_leaves_no_trace_of_the_writes_after_it(
+    before, failed, after, ok
+) -> None:
+    """A record whose handler fails is undone exactly: the transaction then equals one in
+    which the record never ran, for reads, scans and the changes it commits."""
+
+    def apply(tx: Transaction, ops) -> None:  # noqa: ANN001
+        for op, key, value in ops:
+            tx.put(key, value) if op == "put" else tx.delete(key)
+
+    d = Path(tempfile.mkdtemp())
+    try:
+        s = SliceStore(d / "s", IDENTITY)
+        s.commit([(data_key("a"), b"A"), (b"\x02timer-x", b"T")], 1)
+        tx, ref = Transaction(s), Transaction(s)
+        apply(tx, before)
+        apply(ref, before)
+        mark = tx.savepoint()
+        apply(tx, failed)
+        if ok:  # the record succeeded: keep its writes
+            tx.release(mark)
+            apply(ref, failed)
+        else:
+            tx.rollback_to(mark)
+        apply(tx, after)
+        apply(ref, after)
+        assert tx.changes() == ref.changes()
+        for lo, hi in ((b"\x00", b"\xff"), (b"\x02", b"\x03"), (b"\x03", None)):
+            assert list(tx.items(lo, hi)) == list(ref.items(lo, hi))
+        for _, key, _ in before + failed + after:
+            assert tx.get(key) == ref.get(key)
+        s.close()
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
