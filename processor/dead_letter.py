@@ -1,0 +1,143 @@
+"""Where records go that cannot be processed: their bytes, coordinates and the error.
+
+A record whose bytes the configured decoder cannot read, or whose handler keeps raising,
+is set aside here (when the job is configured to) instead of failing the batch. Nothing
+is dropped silently: every dead letter holds the record exactly as read (data in base64),
+its stream, shard, sequence and sub-sequence numbers, partition key and slice, the stage
+that failed (`decode` or `handler`), the error and how many attempts were made.
+
+Targets:
+  s3://bucket/prefix   one JSON-lines object per (query, batch, group):
+                       `<prefix>/<query8>/<batch>/g<group>.jsonl`. A retried batch reads the
+                       same records and rewrites the same object, so S3 dead letters are
+                       exactly once.
+  kinesis://stream     PutRecords, partition key = the record's coordinates; a retried
+                       batch may put a letter again (at least once): deduplicate by
+                       (stream, shard, sequence_number, subsequence).
+
+Dead letters are written before the batch's state commits: a batch whose letters cannot
+be written fails and is retried, so a set-aside record is never lost.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+from changelog import aws
+from processor.errors import ConfigError, ProcessorError
+
+_PUT_RECORDS_MAX = 500
+_ATTEMPTS = 8
+
+
+class DeadLetterError(ProcessorError):
+    """Dead letters could not be written; the batch fails rather than lose them."""
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    stream: str
+    shard: str
+    sequence_number: str
+    subsequence: int
+    partition_key: str
+    slice: int
+    data: bytes
+    stage: str  # "decode" or "handler"
+    error: str  # "ValueError: boom"
+    attempts: int
+
+    def to_dict(self, query: str, batch: int, group: int) -> dict[str, Any]:
+        out = asdict(self)
+        out["data"] = base64.b64encode(self.data).decode()
+        return {**out, "query": query, "batch": batch, "group": group}
+
+    @property
+    def coordinates(self) -> str:
+        return f"{self.stream}/{self.shard}/{self.sequence_number}/{self.subsequence}"
+
+
+class Target(Protocol):
+    def write(self, query: str, batch: int, group: int, letters: Sequence[DeadLetter]) -> str:
+        """Write the letters; return where they went."""
+        ...
+
+
+@dataclass(frozen=True)
+class S3Target:
+    bucket: str
+    prefix: str
+
+    def key(self, query: str, batch: int, group: int) -> str:
+        base = self.prefix.strip("/")
+        rest = f"{query[:8]}/{batch:012d}/g{group:05d}.jsonl"
+        return f"{base}/{rest}" if base else rest
+
+    def write(self, query: str, batch: int, group: int, letters: Sequence[DeadLetter]) -> str:
+        key = self.key(query, batch, group)
+        body = "".join(
+            json.dumps(x.to_dict(query, batch, group), sort_keys=True) + "\n" for x in letters
+        ).encode()
+        try:
+            aws.client("s3").put_object(Bucket=self.bucket, Key=key, Body=body)
+        except Exception as exc:
+            raise DeadLetterError(
+                f"cannot write {len(letters)} dead letters to s3://{self.bucket}/{key}: {exc}"
+            ) from exc
+        return f"s3://{self.bucket}/{key}"
+
+
+@dataclass(frozen=True)
+class KinesisTarget:
+    stream: str
+
+    def write(self, query: str, batch: int, group: int, letters: Sequence[DeadLetter]) -> str:
+        kinesis = aws.client("kinesis")
+        entries = [
+            {
+                "PartitionKey": x.coordinates[:256],
+                "Data": json.dumps(x.to_dict(query, batch, group), sort_keys=True).encode(),
+            }
+            for x in letters
+        ]
+        for lo in range(0, len(entries), _PUT_RECORDS_MAX):
+            _put_all(kinesis, self.stream, entries[lo : lo + _PUT_RECORDS_MAX])
+        return f"kinesis://{self.stream}"
+
+
+def _put_all(kinesis: Any, stream: str, entries: list[dict[str, Any]]) -> None:
+    """PutRecords, retrying only the entries that failed, with jittered backoff."""
+    codes: set[str] = set()
+    for attempt in range(_ATTEMPTS):
+        try:
+            out = kinesis.put_records(StreamName=stream, Records=entries)
+        except Exception as exc:  # noqa: BLE001 - the whole call failed: retry all
+            codes = {type(exc).__name__}
+        else:
+            failed = [e for e, r in zip(entries, out["Records"], strict=True) if "ErrorCode" in r]
+            if not failed:
+                return
+            codes = {r["ErrorCode"] for r in out["Records"] if "ErrorCode" in r}
+            entries = failed
+        time.sleep(random.uniform(0, min(2.0, 0.05 * 2**attempt)))
+    raise DeadLetterError(
+        f"cannot put {len(entries)} dead letters into Kinesis stream {stream!r} after "
+        f"{_ATTEMPTS} attempts ({', '.join(sorted(codes))})"
+    )
+
+
+def target(spec: str) -> Target:
+    """`s3://bucket/prefix` or `kinesis://stream` as a Target."""
+    scheme, sep, rest = spec.partition("://")
+    if sep and scheme == "s3" and rest:
+        bucket, _, prefix = rest.partition("/")
+        return S3Target(bucket, prefix)
+    if sep and scheme == "kinesis" and rest and "/" not in rest:
+        return KinesisTarget(rest)
+    raise ConfigError(f"--dead-letter {spec!r}: use s3://bucket/prefix or kinesis://stream-name")
