@@ -212,11 +212,32 @@ class Run:
     seconds: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     groups: list[dict[str, Any]] = field(default_factory=list)  # shardless: per batch
+    durations: list[dict[str, int]] = field(default_factory=list)  # Spark's, ms per batch
+    started: list[datetime] = field(default_factory=list)  # when each batch's trigger began
     wall_seconds: float = 0.0
     emulator_cpu_seconds: float = 0.0
 
     def steady(self) -> tuple[list[int], list[float]]:
         return self.records[1:], self.seconds[1:]
+
+    def timeline(self) -> list[dict[str, float]]:
+        """shardless, per batch: seconds from the trigger's start until the first group was
+        called, until the last group returned, and until the trigger ended."""
+        out = []
+        for start, secs, groups in zip(self.started, self.seconds, self.groups, strict=False):
+            begin = start.timestamp()
+            called = [c for c in groups.get("called_at", []) if c]
+            if not called:
+                continue
+            ends = [c + g for c, g in zip(called, groups["group_s"], strict=False)]
+            out.append(
+                {
+                    "first_call_s": round(min(called) - begin, 3),
+                    "last_return_s": round(max(ends) - begin, 3),
+                    "trigger_s": round(secs, 3),
+                }
+            )
+        return out
 
     def summary(self) -> dict[str, Any]:
         n, s = self.steady()
@@ -235,7 +256,9 @@ class Run:
             if self.records
             else None,
             "errors": self.errors,
+            "spark_duration_ms": self.durations,
             **({"shardless_groups": self.groups} if self.groups else {}),
+            **({"shardless_timeline": self.timeline()} if self.groups else {}),
         }
 
 
@@ -269,6 +292,11 @@ def run(
                     "restores": sum(len(m["restores"]) for m in metrics),
                     "committed_slices": sum(m["committed_slices"] for m in metrics),
                     "segment_bytes": sum(m["segment_bytes"] for m in metrics),
+                    "heads_read": sum(m.get("heads_read", 0) for m in metrics),
+                    "transactions": sum(m.get("transactions", 0) for m in metrics),
+                    "attempts": [m.get("attempts", 1) for m in metrics],
+                    "timings": [m.get("timings", {}) for m in metrics],
+                    "called_at": [m.get("called_at") for m in metrics],
                 }
             )
             want = w.sizes[batch_id]
@@ -297,6 +325,8 @@ def run(
         if p.numInputRows:
             result.records.append(int(p.numInputRows))
             result.seconds.append(p.durationMs["triggerExecution"] / 1000)
+            result.durations.append(dict(p.durationMs))
+            result.started.append(datetime.fromisoformat(p.timestamp.replace("Z", "+00:00")))
     if len(result.records) != batches:
         result.errors.append(f"{len(result.records)} batches with data, expected {batches}")
     if contender == "shardless" and not result.errors:
@@ -429,7 +459,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="cProfile every shardless group call into DIR (processor.runtime.PROFILE_ENV)",
+    )
     args = parser.parse_args(argv)
+    if args.profile:
+        from processor.runtime import PROFILE_ENV
+
+        os.environ[PROFILE_ENV] = str(Path(args.profile).resolve())  # inherited by workers
     if args.quick:
         args.records, args.slow_batches = min(args.records, 3 * args.batch), 2
     contenders = [c for c in CONTENDERS if c in args.contenders.split(",")]

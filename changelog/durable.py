@@ -1,26 +1,31 @@
 """Read and commit an application's durable state: S3 segments and DynamoDB slice heads.
 
 A Spark task commits all the slices it changed in a batch with one S3 PUT and one
-DynamoDB transaction per 100 slices; slices without changes cost nothing. Each head
-update is conditional on the version and owner epoch the task started from, so a stale,
-zombie or speculative attempt cannot commit over another, and its segment is never
-referenced.
+DynamoDB transaction per 100 slices; slices without changes cost nothing. Each head is
+written whole (PutItem) on condition that the stored head is still exactly the one the
+task started from (its log and epoch: `head_condition`), so a stale, zombie or
+speculative attempt cannot commit over another, and its segment is never referenced.
 
-A worker claims a slice before using it (`claim`): the epoch goes up by one, which fences
-every earlier owner. Claims cost a write only when a slice changes hands.
+Ownership: a commit by a process that does not own a slice takes it over in the same
+write (the epoch goes up by one, `owner` names the process); `claim` does the same without
+a commit, for tools. Either fences every earlier owner.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import socket
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
 
 from botocore.exceptions import ClientError
 
 from changelog import aws
-from changelog.errors import CommitConflictError
+from changelog.errors import CommitConflictError, CorruptObjectError
 from changelog.layout import (
     HEAD_SK,
     AppLocation,
@@ -29,7 +34,9 @@ from changelog.layout import (
     SnapRef,
     encode_log,
     encode_snaps,
+    head_condition,
     head_from_item,
+    head_item,
     new_uid,
     next_history,
     query_tag,
@@ -41,6 +48,9 @@ from changelog.snapshot import is_missing, missing
 from state.store import Change
 
 _SLICES_PER_TRANSACTION = 100  # DynamoDB's limit of items per transaction
+_TRANSACTION_BYTES = 3_500_000  # and its limit of 4 MB per transaction, with room to spare
+_CONFLICT_ATTEMPTS = 4  # a transaction cancelled only by another one in flight is retried
+SEGMENT_CACHE_FILES = 64  # newest segments kept on local disk for other workers of the host
 
 
 @dataclass(frozen=True)
@@ -57,11 +67,22 @@ class SliceCommit:
 
 @dataclass(frozen=True)
 class CommitResult:
-    """The segment a commit wrote (its uid tags the local stores) and what it cost."""
+    """The segment a commit wrote (its uid tags the local stores), the heads as written,
+    and what it cost (`seconds` per step: encode, s3, dynamodb)."""
 
     uid: str
     bytes: int
     transactions: int
+    heads: dict[int, Head] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+class HeadConflictError(CommitConflictError):
+    """A head was not the one the writer started from; `slices` are the ones that lost."""
+
+    def __init__(self, message: str, slices: list[int]) -> None:
+        super().__init__(message)
+        self.slices = slices
 
 
 def owner_name() -> str:
@@ -73,10 +94,34 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def _item_bytes(item: dict[str, Any]) -> int:
+    """Roughly what a transaction item counts towards DynamoDB's 4 MB limit."""
+    total = 0
+    for part in (item.get("Item", {}), item.get("ExpressionAttributeValues", {})):
+        for name, value in part.items():
+            (raw,) = value.values()
+            total += len(name) + len(raw)
+    return total
+
+
+def _cancellation_reasons(exc: ClientError, n: int) -> list[str]:
+    """Why each item of a cancelled transaction failed ("None": it did not)."""
+    found = [r.get("Code") or "None" for r in exc.response.get("CancellationReasons") or []]
+    return found if len(found) == n else ["Unknown"] * n
+
+
 class DurableState:
-    def __init__(self, loc: AppLocation, keep_snapshots: int = 3) -> None:
+    """An application's durable state. With `segment_cache`, a directory on local disk,
+    committed segments are also kept there (the newest `SEGMENT_CACHE_FILES`), and
+    `read_changes` reads from it first: another worker process of the same host that
+    catches up a slice then reads no S3."""
+
+    def __init__(
+        self, loc: AppLocation, keep_snapshots: int = 3, segment_cache: Path | None = None
+    ) -> None:
         self.loc = loc
         self.keep_snapshots = keep_snapshots
+        self.segment_cache = segment_cache
 
     @property
     def _s3(self):  # noqa: ANN202
@@ -101,10 +146,22 @@ class DurableState:
         return found
 
     def read_changes(self, slice_id: int, entry: LogEntry) -> list[Change]:
-        """Fetch and verify one slice's section of a segment by byte range."""
+        """Fetch and verify one slice's section of a segment by byte range (from the local
+        segment cache when it has the segment)."""
         key = entry.key(self.loc)
         end = entry.offset + entry.length - 1
         where = f"s3://{self.loc.bucket}/{key} (slice {slice_id} v{entry.version})"
+        if self.segment_cache is not None:
+            local = self.segment_cache / f"{entry.uid}.seg"
+            try:
+                with local.open("rb") as f:
+                    f.seek(entry.offset)
+                    raw = f.read(entry.length)
+                return decode_section(
+                    raw, slice_id=slice_id, version=entry.version, where=f"{local} ({where})"
+                )
+            except (OSError, CorruptObjectError):
+                pass  # not here (or damaged): S3 has it
         try:
             raw = self._s3.get_object(
                 Bucket=self.loc.bucket, Key=key, Range=f"bytes={entry.offset}-{end}"
@@ -116,44 +173,127 @@ class DurableState:
         return decode_section(raw, slice_id=slice_id, version=entry.version, where=where)
 
     def commit(
-        self, query: str, batch: int, group: int, commits: list[SliceCommit]
+        self,
+        query: str,
+        batch: int,
+        group: int,
+        commits: list[SliceCommit],
+        owner: str | None = None,
     ) -> CommitResult:
-        """Persist the changes of several slices; return the segment's uid and size.
+        """Persist the changes of several slices; return the segment's uid, the heads as
+        written and the cost.
 
         The segment is written first; the DynamoDB transaction then makes it part of the
         slices' committed history. If the transaction loses, the segment stays unreferenced.
+        With `owner`, slices that another owner (or none) held are taken over in the same
+        write.
         """
         if not commits:
             return CommitResult("", 0, 0)
+        started = time.perf_counter()
         uid = new_uid()
         info = {"app": self.loc.app, "query": query, "batch": batch, "group": group}
         body, refs = encode_segment(info, [(c.slice, c.version, c.changes) for c in commits])
+        encoded = time.perf_counter()
         self._s3.put_object(
             Bucket=self.loc.bucket, Key=segment_key(self.loc, batch, group, uid), Body=body
         )
-        updates = []
+        self._keep_locally(uid, body)
+        stored = time.perf_counter()
         now = _now_ms()
+        tag = query_tag(query)
+        heads: dict[int, Head] = {}
+        items = []
         for c, ref in zip(commits, refs, strict=True):
-            entry = LogEntry(
-                c.version, batch, group, uid, ref.offset, ref.length, ref.records, query_tag(query)
-            )
+            entry = LogEntry(c.version, batch, group, uid, ref.offset, ref.length, ref.records, tag)
             old = c.expected or Head(c.slice, 0, "", -1)
             log, snaps = next_history(old.log, old.snaps, entry, c.snapshot, self.keep_snapshots)
-            updates.append({"Update": self._head_update(c, query, batch, log, snaps, now)})
-        for i in range(0, len(updates), _SLICES_PER_TRANSACTION):
-            chunk = updates[i : i + _SLICES_PER_TRANSACTION]
-            try:
-                self._ddb.transact_write_items(TransactItems=chunk)
-            except ClientError as exc:
-                if exc.response["Error"]["Code"] == "TransactionCanceledException":
-                    lost = [c.slice for c in commits[i : i + _SLICES_PER_TRANSACTION]]
-                    raise CommitConflictError(
-                        f"batch {batch}: commit of slices {lost} lost to another writer (a "
-                        "retried, speculative, zombie or newer attempt, or a new owner); "
-                        "this attempt's output is discarded"
+            new = replace(
+                old,
+                version=c.version,
+                query=query,
+                batch=batch,
+                log=log,
+                snaps=snaps,
+                at_ms=now,
+                log_bytes=encode_log(log),
+            )
+            if owner is not None and old.owner != owner:
+                new = replace(new, epoch=old.epoch + 1, owner=owner, claimed_ms=now)
+            heads[c.slice] = new
+            items.append(
+                {"Put": {"TableName": self.loc.table, "Item": head_item(new),
+                         **head_condition(c.expected)}}
+            )  # fmt: skip
+        slices = [c.slice for c in commits]
+        done = self._transact(items, slices, f"batch {batch}: commit of slices")
+        return CommitResult(
+            uid,
+            len(body),
+            done,
+            heads,
+            {
+                "encode": encoded - started,
+                "s3": stored - encoded,
+                "dynamodb": time.perf_counter() - stored,
+            },
+        )
+
+    def _keep_locally(self, uid: str, body: bytes) -> None:
+        """Keep a committed segment in the local cache; drop the oldest beyond the limit."""
+        if self.segment_cache is None:
+            return
+        try:
+            self.segment_cache.mkdir(parents=True, exist_ok=True)
+            tmp = self.segment_cache / f".{uid}.tmp"
+            tmp.write_bytes(body)
+            os.replace(tmp, self.segment_cache / f"{uid}.seg")
+            files = list(self.segment_cache.glob("*.seg"))
+            if len(files) > SEGMENT_CACHE_FILES:
+                by_age = sorted(files, key=lambda f: f.stat().st_mtime)
+                for f in by_age[: len(files) - SEGMENT_CACHE_FILES]:
+                    with contextlib.suppress(OSError):
+                        f.unlink()
+        except OSError:
+            pass  # a cache: S3 has every segment
+
+    def _transact(self, items: list[dict], slices: list[int], what: str) -> int:
+        """Write `items` (one per slice of `slices`) in as few transactions as DynamoDB
+        allows; returns how many. A transaction cancelled because a head changed raises
+        HeadConflictError naming the slices that lost; one cancelled only because another
+        transaction held an item is retried."""
+        chunks: list[tuple[int, int]] = []
+        lo, size = 0, 0
+        for i, item in enumerate(items):
+            n = _item_bytes(next(iter(item.values())))
+            if i > lo and (i - lo == _SLICES_PER_TRANSACTION or size + n > _TRANSACTION_BYTES):
+                chunks.append((lo, i))
+                lo, size = i, 0
+            size += n
+        chunks.append((lo, len(items)))
+        for lo, hi in chunks:
+            for attempt in range(_CONFLICT_ATTEMPTS):
+                try:
+                    self._ddb.transact_write_items(TransactItems=items[lo:hi])
+                    break
+                except ClientError as exc:
+                    if exc.response["Error"]["Code"] != "TransactionCanceledException":
+                        raise
+                    reasons = _cancellation_reasons(exc, hi - lo)
+                    busy = {"None", "TransactionConflict"}
+                    only_busy = "TransactionConflict" in reasons and set(reasons) <= busy
+                    if only_busy and attempt < _CONFLICT_ATTEMPTS - 1:
+                        time.sleep(random.uniform(0.01, 0.05) * 2**attempt)
+                        continue
+                    lost = [s for s, r in zip(slices[lo:hi], reasons, strict=True) if r != "None"]
+                    failed = lost or slices[lo:hi]
+                    raise HeadConflictError(
+                        f"{what} {failed} lost to another writer (a retried, speculative, "
+                        "zombie or newer attempt, or a new owner); this attempt's output is "
+                        "discarded",
+                        failed,
                     ) from exc
-                raise
-        return CommitResult(uid, len(body), -(-len(updates) // _SLICES_PER_TRANSACTION))
+        return len(chunks)
 
     def install(self, slice_id: int, version: int, snapshot: SnapRef, query: str) -> None:
         """Start a slice's history from a snapshot (a new state generation, written by a
@@ -185,8 +325,8 @@ class DurableState:
 
     def claim(self, heads: dict[int, Head | None], owner: str | None = None) -> dict[int, Head]:
         """Take ownership of slices: raise each one's epoch by one, conditional on the head
-        read (`None`: never written). Returns the claimed heads; every commit based on an
-        older epoch fails from now on. Raises CommitConflictError when another writer
+        read (`None`: never written). Returns the claimed heads; every write based on an
+        older head fails from now on. Raises CommitConflictError when another writer
         changed a head in between."""
         owner = owner or owner_name()
         now = _now_ms()
@@ -196,96 +336,10 @@ class DurableState:
             old = head or Head(s, 0, "", -1)
             new = replace(old, epoch=old.epoch + 1, owner=owner, claimed_ms=now)
             claimed[s] = new
-            key = {"pk": {"S": slice_pk(s)}, "sk": {"S": HEAD_SK}}
-            names = {"#e": "epoch", "#o": "owner", "#c": "claimed"}
-            values = {
-                ":e": {"N": str(new.epoch)},
-                ":o": {"S": owner},
-                ":c": {"N": str(now)},
-            }
-            if head is None:
-                update = {
-                    "UpdateExpression": "SET #e = :e, #o = :o, #c = :c, #v = :zero, #q = :nq, "
-                    "#b = :nb",
-                    "ConditionExpression": "attribute_not_exists(pk)",
-                }
-                names.update({"#v": "version", "#q": "query", "#b": "batch"})
-                values.update({":zero": {"N": "0"}, ":nq": {"S": ""}, ":nb": {"N": "-1"}})
-            else:
-                update = {
-                    "UpdateExpression": "SET #e = :e, #o = :o, #c = :c",
-                    "ConditionExpression": "#v = :ev AND "
-                    + ("#e = :ee" if old.epoch else "(attribute_not_exists(#e) OR #e = :ee)"),
-                }
-                names["#v"] = "version"
-                values.update({":ev": {"N": str(old.version)}, ":ee": {"N": str(old.epoch)}})
-            update.update(
-                TableName=self.loc.table,
-                Key=key,
-                ExpressionAttributeNames=names,
-                ExpressionAttributeValues=values,
-            )
-            items.append({"Update": update})
+            items.append(
+                {"Put": {"TableName": self.loc.table, "Item": head_item(new),
+                         **head_condition(head)}}
+            )  # fmt: skip
         slices = sorted(heads)
-        for i in range(0, len(items), _SLICES_PER_TRANSACTION):
-            try:
-                self._ddb.transact_write_items(TransactItems=items[i : i + _SLICES_PER_TRANSACTION])
-            except ClientError as exc:
-                if exc.response["Error"]["Code"] == "TransactionCanceledException":
-                    raise CommitConflictError(
-                        f"claim of slices {slices[i : i + _SLICES_PER_TRANSACTION]} lost: "
-                        "another worker committed or claimed them since their heads were read"
-                    ) from exc
-                raise
+        self._transact(items, slices, "claim of slices")
         return claimed
-
-    def _head_update(
-        self,
-        c: SliceCommit,
-        query: str,
-        batch: int,
-        log: tuple[LogEntry, ...],
-        snaps: tuple[SnapRef, ...],
-        now_ms: int,
-    ) -> dict:
-        update = {
-            "TableName": self.loc.table,
-            "Key": {"pk": {"S": slice_pk(c.slice)}, "sk": {"S": HEAD_SK}},
-            "UpdateExpression": "SET #v = :v, #q = :q, #b = :b, #l = :l, #s = :s, #a = :a",
-            "ExpressionAttributeNames": {
-                "#v": "version",
-                "#q": "query",
-                "#b": "batch",
-                "#l": "log",
-                "#s": "snaps",
-                "#a": "at",
-            },
-            "ExpressionAttributeValues": {
-                ":v": {"N": str(c.version)},
-                ":q": {"S": query},
-                ":b": {"N": str(batch)},
-                ":l": {"B": encode_log(log)},
-                ":s": {"B": encode_snaps(snaps)},
-                ":a": {"N": str(now_ms)},
-            },
-        }
-        if c.expected is None:
-            update["ConditionExpression"] = "attribute_not_exists(pk)"
-        else:
-            cond = "#v = :ev AND #q = :eq AND #b = :eb"
-            values = update["ExpressionAttributeValues"]
-            values.update(
-                {
-                    ":ev": {"N": str(c.expected.version)},
-                    ":eq": {"S": c.expected.query},
-                    ":eb": {"N": str(c.expected.batch)},
-                }
-            )
-            update["ExpressionAttributeNames"]["#e"] = "epoch"
-            if c.expected.epoch:
-                cond += " AND #e = :ee"
-                values[":ee"] = {"N": str(c.expected.epoch)}
-            else:
-                cond += " AND attribute_not_exists(#e)"
-            update["ConditionExpression"] = cond
-        return update

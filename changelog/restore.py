@@ -1,10 +1,16 @@
-"""Bring a local slice store to a committed version: the cheapest of replaying the log
-from where the store is, or the newest snapshot at or below the target plus the log
+"""Bring local slice stores to committed versions: for each, the cheapest of replaying the
+log from where the store is, or the newest snapshot at or below the target plus the log
 after it.
 
 Restore always has an explicit end point, the version recorded in the slice's head; it
 never reads "until it looks finished". It refuses a gap, a corrupt or a foreign object,
 naming the object and the reason, and reports bytes, records, rate and time left.
+
+Several slices restore as one pipeline (`restore_many`): every object transfer (manifests,
+SST files, changelog sections) of every slice goes through the process's one transfer pool,
+and the stores are opened and the changelog tails applied by the calling thread once the
+transfers are done. RocksDB holds Python's GIL while it opens a store (and it fsyncs
+several files then); opening stores while transfers run stalls every transfer thread.
 """
 
 from __future__ import annotations
@@ -12,19 +18,31 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import asdict, dataclass
+from concurrent.futures import Future, wait
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from changelog.durable import DurableState
 from changelog.errors import ContinuityError, CorruptObjectError
-from changelog.layout import Head, RestorePlan, plan_restore
-from changelog.snapshot import download_snapshot, file_pool, read_manifest
+from changelog.layout import Head, LogEntry, RestorePlan, plan_restore
+from changelog.snapshot import (
+    FILE_THREADS,
+    Manifest,
+    fetch_files,
+    file_pool,
+    read_manifest,
+    settle,
+    write_inline,
+)
 from state.errors import CorruptStoreError
-from state.store import SliceStore
+from state.store import Change, SliceStore
 
 log = logging.getLogger(__name__)
 
-_PREFETCH = 8  # changelog sections fetched ahead of the one being applied
+PREFETCH_BYTES = 64 << 20  # changelog sections fetched ahead of the one being applied
+PREFETCH_SECTIONS = 256  # at most this many of them
+OPEN_AFTER_TRANSFERS = True
+MANIFESTS_AHEAD = FILE_THREADS  # manifests requested ahead of the slice whose files are queued
 
 
 @dataclass
@@ -114,6 +132,33 @@ def plan(head: Head | None, local: int | None, target: int, durable: DurableStat
         ) from exc
 
 
+@dataclass
+class RestoreJob:
+    """One slice to bring to exactly version `target` of `head`, in the directory `path`;
+    `store` is the store open there, if any."""
+
+    path: Path
+    identity: dict[str, object]
+    head: Head | None
+    target: int
+    store: SliceStore | None = None
+
+    @property
+    def slice(self) -> int:
+        return int(self.identity["slice"])  # type: ignore[call-overload]
+
+
+@dataclass
+class RestoreOutcome:
+    """A job's result: its store at the target version and what it cost, or why it
+    failed (its store then closed and its directory removed)."""
+
+    job: RestoreJob
+    store: SliceStore | None = None
+    stats: RestoreStats | None = None
+    error: Exception | None = None
+
+
 def restore(
     path: Path,
     identity: dict[str, object],
@@ -130,70 +175,179 @@ def restore(
     the only way. On failure the store is closed and its directory removed: the caller
     starts again from nothing rather than from a store in an unknown state.
     """
-    box: list[SliceStore | None] = [store]
-    try:
-        return _restore(path, identity, durable, head, target, box, progress)
-    except BaseException:
-        if box[0] is not None:
-            box[0].close()
-        SliceStore.destroy(path)
-        raise
+    (done,) = restore_many(
+        [RestoreJob(Path(path), identity, head, target, store)], durable, progress
+    )
+    if done.error is not None:
+        raise done.error
+    assert done.store is not None and done.stats is not None
+    return done.store, done.stats
 
 
-def _restore(
-    path: Path,
-    identity: dict[str, object],
-    durable: DurableState,
-    head: Head | None,
-    target: int,
-    box: list[SliceStore | None],
-    progress: Progress | None,
-) -> tuple[SliceStore, RestoreStats]:
-    store = box[0]
+def restore_many(
+    jobs: list[RestoreJob], durable: DurableState, progress: Progress | None = None
+) -> list[RestoreOutcome]:
+    """Restore several slices as one pipeline; one outcome per job, in order.
+
+    First every job's plan, then every object transfer on the transfer pool (manifests a
+    window ahead, each snapshot's SST files as soon as its manifest is in, changelog
+    sections within a byte budget), then, in this thread, each store opened and its
+    changelog tail applied. A job that fails is cleaned up (store closed, directory
+    removed) without stopping the others; an interrupt cleans up every unfinished job.
+    """
     started = time.perf_counter()
-    slice_id = int(identity["slice"])  # type: ignore[call-overload]
-    local = store.version if store is not None else None
-    stats = RestoreStats(slice_id, local or 0, target)
-    if store is not None and local == target + 1 and store.roll_back():
+    work = [_Work(job, RestoreStats(job.slice, _local(job) or 0, job.target)) for job in jobs]
+    tails = _Tails(durable)
+    try:
+        for w in work:
+            _guard(w, tails, lambda w=w: _prepare(w, durable))
+        tails.plan([(w, e) for w in work if w.error is None and w.plan for e in w.plan.entries])
+        tails.top_up()
+        _fetch_snapshots([w for w in work if w.error is None], durable, tails, progress)
+        if OPEN_AFTER_TRANSFERS:
+            wait([f for w in work for f in w.files])
+        for w in work:
+            if w.error is None:
+                _guard(w, tails, lambda w=w: _finish(w, durable, tails, progress, started))
+    except BaseException:  # an interrupt: no store is handed over, none stays open
+        tails.drop_all()
+        for w in work:
+            if w.done and w.job.store is not None:
+                w.job.store.close()  # complete: its directory can be used again
+            elif w.error is None:
+                _clean(w)
+        raise
+    return [RestoreOutcome(w.job, w.job.store, w.stats, w.error) for w in work]
+
+
+@dataclass(eq=False)
+class _Work:
+    """A job on its way through `restore_many`."""
+
+    job: RestoreJob
+    stats: RestoreStats
+    plan: RestorePlan | None = None
+    manifest: Future[Manifest] | None = None
+    files: list[Future[int]] = field(default_factory=list)
+    error: Exception | None = None
+    done: bool = False
+
+    @property
+    def where(self) -> str:
+        return self.plan.snapshot.key if self.plan and self.plan.snapshot else ""
+
+
+def _local(job: RestoreJob) -> int | None:
+    return job.store.version if job.store is not None else None
+
+
+def _guard(w: _Work, tails: _Tails, step) -> None:  # noqa: ANN001 - a closure
+    """Run one step of a job; on an error, record it and clean the job up."""
+    try:
+        step()
+    except Exception as exc:
+        w.error = exc
+        tails.drop(w)
+        _clean(w)
+
+
+def _clean(w: _Work) -> None:
+    """Stop the job's transfers, close its store and remove its directory."""
+    pending = [f for f in [w.manifest, *w.files] if f is not None]
+    for f in pending:
+        f.cancel()
+    wait(pending)
+    if w.job.store is not None:
+        w.job.store.close()
+        w.job.store = None
+    SliceStore.destroy(w.job.path)
+
+
+def _prepare(w: _Work, durable: DurableState) -> None:
+    """Roll back in place if that is all it takes; otherwise plan, and discard a local
+    store the plan does not build on."""
+    job, stats = w.job, w.stats
+    local = _local(job)
+    if job.store is not None and local == job.target + 1 and job.store.roll_back():
         stats.rolled_back = True
-        stats.seconds = time.perf_counter() - started
-        return store, stats
-    how = plan(head, local if local is not None and local <= target else None, target, durable)
-    if store is None or how.fresh or local > target:  # type: ignore[operator]
-        if store is not None:
-            store.close()
-        SliceStore.destroy(path)
-        store = box[0] = None
+        w.done = True
+        return
+    usable = local if local is not None and local <= job.target else None
+    w.plan = plan(job.head, usable, job.target, durable)
+    if job.store is None or w.plan.fresh or local > job.target:  # type: ignore[operator]
+        if job.store is not None:
+            job.store.close()
+            job.store = None
+        SliceStore.destroy(job.path)
+
+
+def _fetch_snapshots(
+    work: list[_Work], durable: DurableState, tails: _Tails, progress: Progress | None
+) -> None:
+    """Queue every snapshot's transfers: manifests `MANIFESTS_AHEAD` ahead, each one's SST
+    files as soon as it has arrived, so the pool stays busy with bulk transfers."""
+    pool = file_pool()
+    loc = durable.loc
+    on_bytes = progress.add if progress else _ignore
+    snaps = [w for w in work if w.plan is not None and w.plan.snapshot is not None]
+
+    def ask(w: _Work) -> None:
+        snap = w.plan.snapshot  # type: ignore[union-attr]
+        w.manifest = pool.submit(
+            read_manifest, loc, snap.key, slice_id=w.job.slice, version=snap.version
+        )
+
+    for w in snaps[:MANIFESTS_AHEAD]:
+        ask(w)
+    for i, w in enumerate(snaps):
+        if i + MANIFESTS_AHEAD < len(snaps):
+            ask(snaps[i + MANIFESTS_AHEAD])
+
+        def queue(w: _Work = w) -> None:
+            w.files = fetch_files(loc, w.manifest.result(), w.job.path, on_bytes)  # type: ignore[union-attr]
+
+        _guard(w, tails, queue)
+
+
+def _finish(
+    w: _Work,
+    durable: DurableState,
+    tails: _Tails,
+    progress: Progress | None,
+    started: float,
+) -> None:
+    """Open the job's store once its files are in, check it, and apply its log tail."""
+    if w.done:
+        w.stats.seconds = time.perf_counter() - started
+        return
+    job, stats, how = w.job, w.stats, w.plan
+    assert how is not None
     if how.snapshot is not None:
         snap = how.snapshot
-        manifest = read_manifest(durable.loc, snap.key, slice_id=slice_id, version=snap.version)
         where = f"s3://{durable.loc.bucket}/{snap.key}"
-        on_bytes = progress.add if progress else (lambda n: None)
-        stats.snapshot_bytes = download_snapshot(durable.loc, manifest, path, on_bytes)
+        manifest = w.manifest.result()  # type: ignore[union-attr]
+        stats.snapshot_bytes = settle(w.files)
+        stats.snapshot_bytes += write_inline(
+            manifest, job.path, progress.add if progress else _ignore
+        )
         stats.snapshot_version = snap.version
         stats.bytes += stats.snapshot_bytes
         try:
-            store = box[0] = SliceStore(path, identity)
+            job.store = SliceStore(job.path, job.identity)
         except CorruptStoreError as exc:
             raise CorruptObjectError(
                 f"{where}: the snapshot does not open as this slice ({exc})"
             ) from exc
-        if store.version != snap.version:
-            got = store.version
+        if job.store.version != snap.version:
+            got = job.store.version
             raise CorruptObjectError(
                 f"{where}: the snapshot holds version {got}, its manifest says {snap.version}"
             )
-    if store is None:
-        store = box[0] = SliceStore(path, identity)
-    entries = list(how.entries)
-    pool = file_pool()
-    futures = [pool.submit(durable.read_changes, slice_id, e) for e in entries[:_PREFETCH]]
-    for i, entry in enumerate(entries):
-        changes = futures[i].result()
-        if i + _PREFETCH < len(entries):
-            nxt = entries[i + _PREFETCH]
-            futures.append(pool.submit(durable.read_changes, slice_id, nxt))
-        store.commit(changes, entry.version, tag=entry.uid)
+    if job.store is None:
+        job.store = SliceStore(job.path, job.identity)
+    for entry in how.entries:
+        changes = tails.take(w, entry)
+        job.store.commit(changes, entry.version, tag=entry.uid)
         stats.segments += 1
         stats.records += len(changes)
         stats.bytes += entry.length
@@ -201,5 +355,69 @@ def _restore(
             progress.add(entry.length)
     if progress:
         progress.slice_done()
+    w.done = True
     stats.seconds = time.perf_counter() - started
-    return store, stats
+
+
+def _ignore(n: int) -> None:
+    pass
+
+
+class _Tails:
+    """The changelog sections of every job, fetched on the transfer pool in the order they
+    are applied, ahead of the one being applied within `PREFETCH_BYTES` and
+    `PREFETCH_SECTIONS` (always at least the next one)."""
+
+    def __init__(self, durable: DurableState) -> None:
+        self.durable = durable
+        self.order: list[tuple[_Work, LogEntry]] = []
+        self.next = 0  # the first section not requested yet
+        self.ahead: dict[tuple[int, int], tuple[Future[list[Change]], int]] = {}
+        self.held = 0  # bytes requested and not taken
+        self.dropped: set[int] = set()  # ids of jobs that failed
+
+    def plan(self, order: list[tuple[_Work, LogEntry]]) -> None:
+        self.order = order
+
+    def top_up(self) -> None:
+        while self.next < len(self.order) and (
+            not self.ahead or (self.held < PREFETCH_BYTES and len(self.ahead) < PREFETCH_SECTIONS)
+        ):
+            self._request_next()
+
+    def _request_next(self) -> None:
+        w, entry = self.order[self.next]
+        self.next += 1
+        if id(w) in self.dropped:
+            return
+        future = file_pool().submit(self.durable.read_changes, w.job.slice, entry)
+        self.ahead[(id(w), entry.version)] = (future, entry.length)
+        self.held += entry.length
+
+    def take(self, w: _Work, entry: LogEntry) -> list[Change]:
+        """The section's changes (requested now if it was not yet)."""
+        key = (id(w), entry.version)
+        while key not in self.ahead and self.next < len(self.order):
+            self._request_next()
+        if key not in self.ahead:
+            raise RuntimeError(f"slice {w.job.slice} v{entry.version}: section never requested")
+        future, length = self.ahead.pop(key)
+        self.held -= length
+        try:
+            return future.result()
+        finally:
+            self.top_up()
+
+    def drop(self, w: _Work) -> None:
+        """Forget a failed job's sections."""
+        self.dropped.add(id(w))
+        for key in [k for k in self.ahead if k[0] == id(w)]:
+            future, length = self.ahead.pop(key)
+            future.cancel()
+            self.held -= length
+
+    def drop_all(self) -> None:
+        for future, _ in self.ahead.values():
+            future.cancel()
+        self.ahead.clear()
+        self.next = len(self.order)

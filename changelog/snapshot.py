@@ -23,7 +23,8 @@ import threading
 import time
 import zlib
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +42,13 @@ _MANIFEST = struct.Struct(">4sBI")
 _SST = struct.Struct(">4sBIQ")
 _CHUNK = 1 << 20
 FILE_THREADS = 16
+
+OnBytes = Callable[[int], None]
+
+
+def _ignore(n: int) -> None:
+    pass
+
 
 _pool_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
@@ -255,15 +263,8 @@ def write_snapshot(
     return SnapRef(version, key, m.bytes, len(m.files)), m, uploaded + len(body)
 
 
-def _download_sst(loc: AppLocation, f: SstFile, dest: Path, on_bytes) -> int:  # noqa: ANN001
-    where = f"s3://{loc.bucket}/{f.key}"
-    try:
-        body = aws.client("s3").get_object(Bucket=loc.bucket, Key=f.key)["Body"]
-    except ClientError as exc:
-        if is_missing(exc):
-            raise missing(where) from exc
-        raise
-    header = body.read(_SST.size)
+def _check_header(header: bytes, f: SstFile, where: str) -> None:
+    """Refuse an SST object whose header is not ours or disagrees with the manifest."""
     if len(header) < _SST.size:
         raise CorruptObjectError(f"{where}: SST object truncated")
     magic, fmt, crc, size = _SST.unpack(header)
@@ -276,13 +277,29 @@ def _download_sst(loc: AppLocation, f: SstFile, dest: Path, on_bytes) -> int:  #
             f"{where}: header says {size} bytes crc {crc:08x}, the manifest {f.size} bytes crc "
             f"{f.crc32:08x}; refusing to load"
         )
-    got, written = 0, 0
-    with open(dest / f.name, "wb") as out:
-        while chunk := body.read(_CHUNK):
-            got = zlib.crc32(chunk, got)
-            out.write(chunk)
-            written += len(chunk)
-            on_bytes(len(chunk))
+
+
+def _download_sst(loc: AppLocation, f: SstFile, dest: Path, on_bytes: OnBytes) -> int:
+    """Stream one SST object into `dest`, verifying its header and the CRC-32 of its content
+    on the way (zlib and file writes release the GIL on chunks this size)."""
+    where = f"s3://{loc.bucket}/{f.key}"
+    try:
+        body = aws.client("s3").get_object(Bucket=loc.bucket, Key=f.key)["Body"]
+    except ClientError as exc:
+        if is_missing(exc):
+            raise missing(where) from exc
+        raise
+    try:
+        _check_header(body.read(_SST.size), f, where)
+        got, written = 0, 0
+        with open(dest / f.name, "wb", buffering=0) as out:
+            while chunk := body.read(_CHUNK):
+                got = zlib.crc32(chunk, got)
+                out.write(chunk)
+                written += len(chunk)
+                on_bytes(len(chunk))
+    finally:
+        body.close()
     if written != f.size or got != f.crc32:
         raise CorruptObjectError(
             f"{where}: content does not match its checksum ({written} bytes, crc {got:08x}; "
@@ -291,22 +308,52 @@ def _download_sst(loc: AppLocation, f: SstFile, dest: Path, on_bytes) -> int:  #
     return written
 
 
-def download_snapshot(
-    loc: AppLocation,
-    m: Manifest,
-    dest: Path,
-    on_bytes=lambda n: None,  # noqa: ANN001
-) -> int:
-    """Materialise the snapshot into the empty directory `dest`; return the bytes fetched."""
-    dest.mkdir(parents=True, exist_ok=True)
-    futures = [file_pool().submit(_download_sst, loc, f, dest, on_bytes) for f in m.files]
-    total = sum(f.result() for f in futures)
-    for name, data in m.inline.items():
-        if "/" in name or name.startswith("."):
+def _inline_names(m: Manifest) -> None:
+    for name in m.inline:
+        if "/" in name or name.startswith(".") or not name:
             raise CorruptObjectError(
                 f"manifest of slice {m.slice} v{m.version}: bad file name {name!r}"
             )
+
+
+def fetch_files(
+    loc: AppLocation, m: Manifest, dest: Path, on_bytes: OnBytes = _ignore
+) -> list[Future[int]]:
+    """Start downloading the snapshot's SST objects into `dest` (created) on the transfer
+    pool; each future gives the bytes written or the reason the object was refused."""
+    _inline_names(m)
+    dest.mkdir(parents=True, exist_ok=True)
+    pool = file_pool()
+    return [pool.submit(_download_sst, loc, f, dest, on_bytes) for f in m.files]
+
+
+def write_inline(m: Manifest, dest: Path, on_bytes: OnBytes = _ignore) -> int:
+    """Write the manifest's small files (CURRENT, MANIFEST-*, OPTIONS-*) into `dest`."""
+    _inline_names(m)
+    total = 0
+    for name, data in m.inline.items():
         (dest / name).write_bytes(data)
         on_bytes(len(data))
         total += len(data)
     return total
+
+
+def settle(futures: list[Future[int]]) -> int:
+    """The sum of the futures' results once every one has finished. On the first failure
+    the ones not started are cancelled and the running ones waited for, so nothing writes
+    into a directory the caller is about to remove; then that failure is raised."""
+    try:
+        return sum(f.result() for f in futures)
+    except BaseException:
+        for f in futures:
+            f.cancel()
+        wait(futures)
+        raise
+
+
+def download_snapshot(
+    loc: AppLocation, m: Manifest, dest: Path, on_bytes: OnBytes = _ignore
+) -> int:
+    """Materialise the snapshot into the empty directory `dest`; return the bytes fetched."""
+    total = settle(fetch_files(loc, m, dest, on_bytes))
+    return total + write_inline(m, dest, on_bytes)

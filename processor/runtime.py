@@ -7,6 +7,14 @@ buffered, then commit all changed slices durably (one S3 object and one DynamoDB
 transaction per 100 slices) and only then locally. Outputs are yielded after the durable
 commit, so nothing is released that a restore could not reproduce.
 
+Heads come from what this host already knows when it ran the group the batch before
+(`StoreCache.known_heads`), else from DynamoDB. The commit is conditional on exactly those
+heads; if one was stale the run starts again once, from heads read afresh.
+
+Each group's metrics row says where its time went (`timings`, seconds). With the
+environment variable SHARDLESS_PROFILE_DIR set, each call is also profiled with cProfile
+into that directory (`g<group>-b<batch>-p<pid>.prof`).
+
 A batch that Spark runs again (same query, same batch id) finds its own earlier commit in
 the slice's head; it re-processes from the version before it and re-commits in its place,
 so state counts the input once and the outputs are the same.
@@ -18,27 +26,30 @@ arrive, so timers fire in idle slices too.
 
 from __future__ import annotations
 
+import cProfile
 import json
 import logging
+import os
 import shutil
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
-from itertools import pairwise
+from dataclasses import dataclass, field, replace
+from itertools import pairwise, repeat
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from changelog.durable import DurableState, SliceCommit
+from changelog.durable import DurableState, HeadConflictError, SliceCommit
 from changelog.layout import AppLocation, Head, SnapRef, new_uid, snapshot_due
 from changelog.snapshot import read_manifest, write_snapshot
 from processor.api import Event
 from processor.errors import ProcessorError
 from processor.handlers import HandlerFactory, handler_for
-from processor.stores import cache_for
+from processor.stores import StoreCache, cache_for
 from processor.task import run_slice
 from state import encoding
 from state.transaction import Transaction
@@ -49,6 +60,7 @@ OUTPUT_SCHEMA = "kind string, slice int, batch_id long, seq int, key string, val
 STATE_SCHEMA = "pending string"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
+PROFILE_ENV = "SHARDLESS_PROFILE_DIR"
 _COLUMNS = ["kind", "slice", "batch_id", "seq", "key", "value"]
 
 Pending = dict[int, tuple[int | None, int | None]]  # slice -> (next processing, next event)
@@ -65,6 +77,10 @@ class RuntimeConfig:
     value_format: int = encoding.MSGPACK
     allow_pickle: bool = False
     timer_poll_ms: int = 1000
+    # Record columns Spark does not send, as `processor.job.as_records` declares them: the
+    # same value for every record, or None for `sequence_number`: the string of
+    # `stream_order`.
+    fixed_columns: dict[str, Any] = field(default_factory=dict)
 
 
 _snapshot_lock = threading.Lock()
@@ -125,21 +141,47 @@ def _due(pending: Pending, now_ms: int, watermark_ms: int) -> list[int]:
     ]
 
 
-def _events(pdf: pd.DataFrame, lo: int, hi: int, cols: dict[str, Any]) -> list[Event]:
-    arrivals = cols.get("arrival")
-    return [
-        Event(
-            cols["stream"][i],
-            cols["shard"][i],
-            cols["sequence_number"][i],
-            cols["subsequence"][i],
-            cols["partition_key"][i],
-            arrivals,
-            cols["data"][i],
-            i,
-        )
-        for i in range(lo, hi)
-    ]
+_EVENT_COLUMNS = ("stream", "shard", "sequence_number", "subsequence", "partition_key")
+
+
+def _column(pdf: pd.DataFrame, name: str, order: np.ndarray, fixed: dict[str, Any]) -> Any:
+    """Column `name` in `order`, as a list (or an iterable of its one fixed value)."""
+    if name in pdf.columns:
+        return pdf[name].to_numpy()[order].tolist()
+    if name == "sequence_number" and fixed.get(name) is None:
+        return [str(x) for x in pdf["stream_order"].to_numpy()[order].tolist()]
+    return repeat(fixed[name], len(order))
+
+
+@dataclass
+class _Input:
+    """A group's records sorted into slices in stream order: each slice's span of events."""
+
+    records: int
+    events: list[Event]
+    spans: dict[int, tuple[int, int]]
+
+
+def _prepare(pdf: pd.DataFrame | None, fixed: dict[str, Any]) -> _Input:
+    """Sort by (slice, stream_order) and make one Event per record; `arrival` is taken
+    from its column only when a handler reads it."""
+    if pdf is None or not len(pdf):
+        return _Input(0, [], {})
+    slices = pdf["slice"].to_numpy()
+    by_order = np.argsort(pdf["stream_order"].to_numpy(), kind="stable")
+    order = by_order[np.argsort(slices[by_order], kind="stable")]
+    ordered = slices[order]
+    bounds = [0, *(np.flatnonzero(np.diff(ordered)) + 1).tolist(), len(order)]
+    spans = {int(ordered[lo]): (lo, hi) for lo, hi in pairwise(bounds)}
+    cols = [_column(pdf, name, order, fixed) for name in _EVENT_COLUMNS]
+    arrivals = repeat(pdf["arrival"].array, len(order))
+    data = pdf["data"].to_numpy()[order].tolist()
+    events = list(map(Event, *cols, arrivals, data, order.tolist()))
+    return _Input(len(order), events, spans)
+
+
+class _StaleHeads(Exception):
+    """A commit lost because a head this host knew was stale: run again from fresh heads."""
 
 
 def _snapshot_result(s: int, future: Future) -> tuple[SnapRef, int] | None:
@@ -165,8 +207,10 @@ class GroupRunner:
         tc = TaskContext.get()
         batch = int(tc.getLocalProperty(BATCH_ID_PROPERTY))
         query = tc.getLocalProperty(QUERY_ID_PROPERTY)
-        frames = [p for p in pdfs if len(p)]
-        pdf = pd.concat(frames, ignore_index=True) if frames else None
+        called_at, started = time.time(), time.perf_counter()
+        frames = [p for p in pdfs if len(p)]  # Arrow batches converted to pandas here
+        pdf = pd.concat(frames, ignore_index=True) if len(frames) > 1 else next(iter(frames), None)
+        took = {"input": time.perf_counter() - started, "called_at": called_at}
         pending: Pending = {}
         if state.exists:
             pending = {int(s): tuple(v) for s, v in json.loads(state.get[0]).items()}
@@ -175,7 +219,18 @@ class GroupRunner:
             watermark_ms = int(state.getCurrentWatermarkMs())
         except Exception:  # noqa: BLE001 - no watermark defined on this query
             watermark_ms = -1
-        out, pending = self.run(int(key[0]), query, batch, pdf, pending, now_ms, watermark_ms)
+        group = int(key[0])
+        profile_dir = os.environ.get(PROFILE_ENV)
+        profiler = cProfile.Profile() if profile_dir else None
+        if profiler is not None:
+            profiler.enable()
+        try:
+            out, pending = self.run(group, query, batch, pdf, pending, now_ms, watermark_ms, took)
+        finally:
+            if profiler is not None:
+                profiler.disable()
+                Path(profile_dir).mkdir(parents=True, exist_ok=True)  # type: ignore[arg-type]
+                profiler.dump_stats(f"{profile_dir}/g{group}-b{batch}-p{os.getpid()}.prof")
         if pending:
             state.update((_dumps({str(s): v for s, v in pending.items()}),))
             nexts = [p for p, _ in pending.values() if p is not None]
@@ -196,41 +251,84 @@ class GroupRunner:
         pending: Pending | None = None,
         now_ms: int | None = None,
         watermark_ms: int = -1,
+        timings: dict[str, float] | None = None,
     ) -> tuple[pd.DataFrame, Pending]:
         """Process one group's batch; return its output rows and its pending timers."""
         started = time.perf_counter()
         cfg = self.config
-        pending = dict(pending or {})
+        took = dict(timings or {})
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-        spans: dict[int, tuple[int, int]] = {}
-        cols: dict[str, Any] = {}
-        if pdf is not None and len(pdf):
-            pdf = pdf.sort_values(["slice", "stream_order"], kind="stable", ignore_index=True)
-            slice_col = pdf["slice"].to_numpy()
-            bounds = [0, *(np.flatnonzero(np.diff(slice_col)) + 1).tolist(), len(pdf)]
-            spans = {int(slice_col[lo]): (lo, hi) for lo, hi in pairwise(bounds)}
-            names = ("stream", "shard", "sequence_number", "subsequence", "partition_key", "data")
-            cols = {name: pdf[name].tolist() for name in names}
-            cols["arrival"] = pdf["arrival"].array  # made per record only when read: `Event`
+        data = _prepare(pdf, cfg.fixed_columns)
+        took["prepare"] = time.perf_counter() - started
+        cache = cache_for(cfg.local_dir, cfg.location.app, cfg.slices)
+        durable = DurableState(cfg.location, cfg.keep_snapshots, segment_cache=cache.segments)
+        try:
+            try:
+                rows, metrics, pending_out = self._attempt(
+                    group, query, batch, data, pending, now_ms, watermark_ms, cache, durable, took
+                )
+            except _StaleHeads:
+                cache.forget(group)
+                took = {k: v for k, v in took.items() if k in ("input", "prepare", "called_at")}
+                rows, metrics, pending_out = self._attempt(
+                    group, query, batch, data, pending, now_ms, watermark_ms, cache, durable, took,
+                    trust_known=False,
+                )  # fmt: skip
+                metrics["attempts"] = 2
+        except BaseException:
+            cache.forget(group)
+            raise
+        metrics["seconds"] = time.perf_counter() - started
+        metrics["called_at"] = round(took.pop("called_at", time.time() - metrics["seconds"]), 3)
+        metrics["timings"] = {k: round(v, 4) for k, v in took.items()}
+        rows.append(("metrics", -1, batch, 0, "", _dumps(metrics)))
+        return pd.DataFrame(rows, columns=_COLUMNS), pending_out
+
+    def _attempt(
+        self,
+        group: int,
+        query: str,
+        batch: int,
+        data: _Input,
+        pending_in: Pending | None,
+        now_ms: int,
+        watermark_ms: int,
+        cache: StoreCache,
+        durable: DurableState,
+        took: dict[str, float],
+        trust_known: bool = True,
+    ) -> tuple[list[tuple], dict[str, Any], Pending]:
+        cfg = self.config
+        clock = time.perf_counter()
+
+        def lap(name: str) -> None:
+            nonlocal clock
+            now = time.perf_counter()
+            took[name] = took.get(name, 0.0) + now - clock
+            clock = now
+
+        pending = dict(pending_in or {})
+        spans = data.spans
         slices = sorted(set(spans) | set(_due(pending, now_ms, watermark_ms)))
         metrics: dict[str, Any] = {
             "group": group,
-            "records": 0 if pdf is None else len(pdf),
+            "records": data.records,
             "slices": len(slices),
             "restores": [],
             "timers_fired": 0,
+            "attempts": 1,
         }
-        rows: list[tuple] = []
-        commits: list[SliceCommit] = []
-        deltas: list[tuple[list, list]] = []
-        durable = DurableState(cfg.location, cfg.keep_snapshots)
-        heads = durable.heads(slices) if slices else {}
-        cache = cache_for(cfg.local_dir, cfg.location.app, cfg.slices)
+        known = cache.known_heads(group, query, batch, slices) if trust_known else {}
+        unknown = [s for s in slices if s not in known]
+        heads = {**known, **(durable.heads(unknown) if unknown else {})}
+        metrics["heads_known"], metrics["heads_read"] = len(known), len(unknown)
+        lap("heads")
         plans = [_plan(s, heads.get(s), query, batch) for s in slices]
         stores = cache.acquire_many([(s, heads.get(s), base) for s, base, _ in plans], durable)
         for _store, _head, restored in stores.values():
             if restored is not None:
                 metrics["restores"].append(restored.to_dict())
+        lap("restore")
         snapshots: dict[int, Future] = {}
         for s, base, _ in plans:
             head = stores[s][1]
@@ -242,13 +340,18 @@ class GroupRunner:
                 snapshots[s] = _snapshots().submit(
                     _take_snapshot, cfg.location, s, base, point, head
                 )
+        lap("snapshot_checkpoints")
+        rows: list[tuple] = []
+        commits: list[SliceCommit] = []
+        deltas: list[tuple[list, list]] = []
+        events = data.events
         for s, base, rerun in plans:
             head = stores[s][1]
             tx = Transaction(stores[s][0])
             lo, hi = spans.get(s, (0, 0))
             result = run_slice(
                 handler_for(self.handlers, s), tx, s, batch, now_ms, watermark_ms,
-                _events(pdf, lo, hi, cols), cfg.value_format, cfg.allow_pickle,
+                events[lo:hi], cfg.value_format, cfg.allow_pickle,
             )  # fmt: skip
             metrics["timers_fired"] += result.timers_fired
             if result.next_processing_timer is None and result.next_event_timer is None:
@@ -260,18 +363,30 @@ class GroupRunner:
                 commits.append(SliceCommit(s, base + 1, head, changes))
                 deltas.append((changes, tx.undo(changes)))
             rows += [("out", s, batch, j, k, _dumps(v)) for j, (k, v) in enumerate(result.outputs)]
+        lap("process")
         commits, metrics["snapshots"], metrics["snapshot_bytes"] = self._with_snapshots(
             commits, snapshots
         )
-        done = durable.commit(query, batch, group, commits)
+        lap("snapshot_wait")
+        try:
+            done = durable.commit(query, batch, group, commits, owner=cache.owner)
+        except HeadConflictError as exc:
+            if set(exc.slices) & set(known):
+                raise _StaleHeads(str(exc)) from exc
+            raise
+        for name, seconds in done.seconds.items():
+            took[f"commit_{name}"] = took.get(f"commit_{name}", 0.0) + seconds
+        clock = time.perf_counter()
         metrics["segment_bytes"] = done.bytes
+        metrics["transactions"] = done.transactions
         for c, (changes, undo) in zip(commits, deltas, strict=True):
             stores[c.slice][0].commit(changes, c.version, undo, tag=done.uid)
+        lap("local_commit")
+        cache.remember(group, query, batch, {s: done.heads.get(s, stores[s][1]) for s in slices})
+        lap("remember")
         metrics["committed_slices"] = len(commits)
         metrics["outputs"] = len(rows)
-        metrics["seconds"] = time.perf_counter() - started
-        rows.append(("metrics", -1, batch, 0, "", _dumps(metrics)))
-        return pd.DataFrame(rows, columns=_COLUMNS), pending
+        return rows, metrics, pending
 
     @staticmethod
     def _with_snapshots(

@@ -1,10 +1,21 @@
-"""The slice stores a Python worker keeps open between batches.
+"""The slice stores a Python worker keeps open between batches, and the slice heads it
+knows without asking DynamoDB.
 
 Spark may run a slice in any Python worker of any executor from one batch to the next,
 and RocksDB allows one open handle per store. Each worker therefore keeps its own store
 directory per slice (`<base>/<app>/w<pid>/slice-<n>`), brings it to the committed version
 before use (catching up from the changelog when another worker moved the slice on), and
 adopts the directories of workers that have died instead of restoring from scratch.
+
+Heads: Spark runs each partition (a group of slices) once per batch, so the worker that
+ran a group in batch b-1 knows every head of its slices as they stand when batch b starts:
+its own commits and the heads it read. It keeps them in memory, and in a hint file per
+group on the host (`<base>/<app>/hints/g<group>.msgpack`) for another worker process of
+the host that gets the group next. Commits are conditional on the exact head they start
+from, so a head that is stale anyway (a zombie, a speculative attempt, a tool) costs a
+conflict and a run with heads read afresh, never a wrong commit. Committed segments are
+kept on the host too (`<base>/<app>/segments/`): catching up a slice that another worker
+of the host moved on reads local files, not S3.
 """
 
 from __future__ import annotations
@@ -14,12 +25,14 @@ import json
 import logging
 import os
 import uuid
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import msgpack
+
 from changelog.durable import DurableState, owner_name
-from changelog.errors import CommitConflictError
-from changelog.layout import Head
+from changelog.layout import Head, head_from_item, head_item
 from changelog.restore import Progress, RestoreStats, identity, plan, restore
 from state.errors import CorruptStoreError
 from state.store import SliceStore
@@ -27,7 +40,6 @@ from state.store import SliceStore
 log = logging.getLogger(__name__)
 
 RESTORE_THREADS = 8
-CLAIM_ATTEMPTS = 3
 
 
 def _alive(pid: int) -> bool:
@@ -51,7 +63,12 @@ class StoreCache:
         self.own = self.root / f"w{self.pid}"
         self._open: dict[int, SliceStore] = {}
         self._epochs: dict[int, int] = {}
+        # slice -> (its head, and the query and batch after which it was current)
+        self._heads: dict[int, tuple[Head | None, str, int]] = {}
+        self._groups: dict[int, set[int]] = {}  # group -> the slices seen in it
         self.owner = f"{owner_name()}:{uuid.uuid4().hex[:8]}"
+        self.segments = self.root / "segments"
+        self._hints = self.root / "hints"
 
     def _path(self, slice_id: int, owner: Path | None = None) -> Path:
         return (owner or self.own) / f"slice-{slice_id:05d}"
@@ -112,39 +129,79 @@ class StoreCache:
             and (self._epochs.get(slice_id) == head.epoch)
         )
 
-    def claim(
-        self, wanted: dict[int, Head | None], durable: DurableState
+    def known_heads(
+        self, group: int, query: str, batch: int, slices: Iterable[int]
     ) -> dict[int, Head | None]:
-        """Claim the slices this process does not own yet; return every slice's head as it
-        stands after the claims. A claim that races with another claimer is retried; one
-        that races with a commit fails (the caller's plan is stale)."""
-        heads = dict(wanted)
-        need = {s: h for s, h in heads.items() if not self.owns(s, h)}
-        for attempt in range(CLAIM_ATTEMPTS):
-            if not need:
-                break
-            try:
-                claimed = durable.claim(need, self.owner)
-            except CommitConflictError:
-                if attempt == CLAIM_ATTEMPTS - 1:
-                    raise
-                fresh = durable.heads(sorted(need))
-                for s, old in need.items():
-                    new = fresh.get(s)
-                    if (old is None) != (new is None) or (
-                        old is not None and new is not None and old.version != new.version
-                    ):
-                        raise CommitConflictError(
-                            f"slice {s} was committed by another worker while this one was "
-                            "claiming it; the task is retried from the new head"
-                        ) from None
-                need = {s: fresh.get(s) for s in need}
-                continue
-            for s, h in claimed.items():
-                self._epochs[s] = h.epoch
-                heads[s] = h
-            need = {}
-        return heads
+        """The heads of `slices` (None: never written) current when `batch` of `query`
+        starts, as far as this host knows without DynamoDB: this process's own, or those
+        in the group's hint file, when current after the batch before (or after this one:
+        Spark runs it again). Slices left out must be read."""
+        fresh = ((query, batch - 1), (query, batch))
+        hint = self._read_hint(group)
+        if hint is not None and (hint[0], hint[1]) in fresh:
+            for s, head in hint[2].items():
+                mine = self._heads.get(s)
+                if mine is None or (mine[1], mine[2]) not in fresh or mine[2] < hint[1]:
+                    self._heads[s] = (head, hint[0], hint[1])
+            self._groups.setdefault(group, set()).update(hint[2])
+        out: dict[int, Head | None] = {}
+        for s in slices:
+            found = self._heads.get(s)
+            if found is not None and (found[1], found[2]) in fresh:
+                out[s] = found[0]
+        return out
+
+    def remember(self, group: int, query: str, batch: int, heads: dict[int, Head | None]) -> None:
+        """After `batch` of `group` committed: `heads` (those it used or wrote) are current,
+        and so are the group's other slices that were current after the batch before
+        (nobody else ran the group in between). Written to the group's hint file too."""
+        for s, head in heads.items():
+            if head is not None and head.owner == self.owner:
+                self._epochs[s] = head.epoch
+        seen = self._groups.setdefault(group, set())
+        seen.update(heads)
+        current: dict[int, Head | None] = {}
+        for s in seen:
+            found = self._heads.get(s)
+            if s in heads:
+                current[s] = heads[s]
+            elif found is not None and (found[1], found[2]) in ((query, batch - 1), (query, batch)):
+                current[s] = found[0]
+        for s, head in current.items():
+            self._heads[s] = (head, query, batch)
+        self._write_hint(group, query, batch, current)
+
+    def forget(self, group: int) -> None:
+        """A run of `group` failed, perhaps half-committed: read its heads afresh next time."""
+        for s in self._groups.get(group, ()):
+            self._heads.pop(s, None)
+        with contextlib.suppress(OSError):
+            (self._hints / f"g{group}.msgpack").unlink()
+
+    def _write_hint(
+        self, group: int, query: str, batch: int, heads: dict[int, Head | None]
+    ) -> None:
+        items = {s: None if h is None else head_item(h) for s, h in heads.items()}
+        body = msgpack.packb([query, batch, items], use_bin_type=True)
+        try:
+            self._hints.mkdir(parents=True, exist_ok=True)
+            tmp = self._hints / f".g{group}.{self.pid}.tmp"
+            tmp.write_bytes(body)
+            os.replace(tmp, self._hints / f"g{group}.msgpack")
+        except OSError as exc:
+            log.debug("group %s: no hint written: %s", group, exc)
+
+    def _read_hint(self, group: int) -> tuple[str, int, dict[int, Head | None]] | None:
+        try:
+            raw = (self._hints / f"g{group}.msgpack").read_bytes()
+            query, batch, items = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+            heads = {int(s): None if i is None else head_from_item(i) for s, i in items.items()}
+        except FileNotFoundError:
+            return None
+        except Exception as exc:  # noqa: BLE001 - a damaged hint only costs a read
+            log.warning("group %s: ignoring unreadable hint: %s", group, exc)
+            return None
+        return str(query), int(batch), heads
 
     def acquire(
         self,
@@ -194,11 +251,11 @@ class StoreCache:
     def acquire_many(
         self, wanted: list[tuple[int, Head | None, int]], durable: DurableState
     ) -> dict[int, tuple[SliceStore, Head | None, RestoreStats | None]]:
-        """Claim and `acquire` several slices; returns each slice's store, its head after
-        the claim (commit against it) and its restore cost. Restores run in parallel."""
+        """`acquire` several slices; returns each slice's store, its head (commit against
+        it) and its restore cost. Restores run in parallel."""
         owned = {s for s, h, _ in wanted if self.owns(s, h)}
         ready = {s for s, _, v in wanted if s in owned and self._ready(s, v) is not None}
-        heads = self.claim({s: h for s, h, _ in wanted}, durable)
+        heads = {s: h for s, h, _ in wanted}
         todo = [(s, heads[s], v) for s, _, v in wanted if s not in ready]
         progress = None
         if todo:

@@ -4,6 +4,7 @@ same batch starts from) and every version back to the oldest retained snapshot."
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,6 +17,7 @@ from changelog.layout import (
     decode_snaps,
     encode_log,
     encode_snaps,
+    new_uid,
     next_history,
     plan_restore,
     snapshot_due,
@@ -135,3 +137,45 @@ def test_history_encoding_round_trips(versions):
     snaps = tuple(snap(v) for v in versions)
     assert decode_log(encode_log(log)) == log
     assert decode_snaps(encode_snaps(snaps)) == snaps
+
+
+uids = st.one_of(
+    st.builds(new_uid),
+    st.binary(min_size=16, max_size=16).map(bytes.hex),
+    st.text(max_size=40),  # anything else is kept as text
+)
+entries = st.builds(
+    LogEntry,
+    version=st.integers(0, 2**40),
+    batch=st.integers(-1, 2**40),
+    group=st.integers(0, 2**31),
+    uid=uids,
+    offset=st.integers(0, 2**40),
+    length=st.integers(0, 2**32),
+    records=st.integers(0, 2**32),
+    query=st.sampled_from(["", "a1b2c3d4", "ffff0000"]),
+)
+
+
+@given(st.lists(entries, max_size=30))
+def test_any_log_round_trips_through_the_compact_form(log):
+    assert decode_log(encode_log(log)) == tuple(log)
+
+
+@given(st.lists(entries, max_size=30))
+def test_logs_written_before_the_compact_form_still_decode(log):
+    rows = [
+        [e.version, e.batch, e.group, e.uid, e.offset, e.length, e.records, e.query] for e in log
+    ]
+    assert decode_log(msgpack.packb(rows)) == tuple(log)
+
+
+def test_a_long_log_of_one_writer_takes_about_15_bytes_an_entry():
+    """96 entries (3 snapshots 32 versions apart): what a head holds in steady state."""
+    log = tuple(
+        LogEntry(v, 1000 + v, 3, new_uid(), 250_000 + 9_000 * v, 9_000 + v, 400, "a1b2c3d4")
+        for v in range(1, 97)
+    )
+    assert decode_log(encode_log(log)) == log
+    old = msgpack.packb([[*e.__dict__.values()] for e in log])
+    assert len(encode_log(log)) < 15 * len(log) and 4 * len(encode_log(log)) < len(old)

@@ -241,6 +241,67 @@ def test_commit_from_a_stale_head_is_refused(location):
     assert durable.heads([7])[7].version == 2
 
 
+def test_a_rerun_in_place_from_one_head_lands_once(location):
+    """Two attempts of one batch that both start from the head of its first commit (a
+    re-run on the owning worker and a resumed zombie of it) each commit the same version
+    in place: the head is compared whole, so only the first lands."""
+    durable = DurableState(location)
+    commit(durable, 3, 1, [kv(1)], batch=0)
+    durable.commit("q", 1, 0, [SliceCommit(3, 2, durable.heads([3])[3], [kv(2)])], owner="w")
+    first = durable.heads([3])[3]
+    assert (first.version, first.batch, first.owner) == (2, 1, "w")
+    durable.commit("q", 1, 0, [SliceCommit(3, 2, first, [kv(2, "rerun")])], owner="w")
+    with pytest.raises(CommitConflictError, match=r"slices \[3\] lost"):
+        durable.commit("q", 1, 0, [SliceCommit(3, 2, first, [kv(2, "zombie")])], owner="w")
+    final = durable.heads([3])[3]
+    assert durable.read_changes(3, final.log[-1]) == [kv(2, "rerun")]
+
+
+def test_a_commit_by_a_new_owner_takes_the_slice_over_and_fences_the_old_one(location):
+    durable = DurableState(location)
+    a = durable.commit("q", 0, 0, [SliceCommit(2, 1, None, [kv(1)])], owner="a").heads[2]
+    assert (a.epoch, a.owner) == (1, "a") and durable.heads([2])[2] == a
+    b = durable.commit("q", 1, 0, [SliceCommit(2, 2, a, [kv(2)])], owner="b").heads[2]
+    assert (b.epoch, b.owner, b.version) == (2, "b", 2)
+    with pytest.raises(CommitConflictError, match=r"slices \[2\] lost"):
+        durable.commit("q", 1, 0, [SliceCommit(2, 2, a, [kv(2, "a")])], owner="a")
+    again = durable.commit("q", 2, 0, [SliceCommit(2, 3, b, [kv(3)])], owner="b").heads[2]
+    assert (again.epoch, again.owner) == (2, "b")  # the owner's commits keep its epoch
+    assert durable.heads([2])[2] == again
+
+
+def test_a_commit_after_a_claim_by_a_tool_is_refused(location):
+    """Claims and roll-backs change a head without a commit; the log alone would not show it."""
+    durable = DurableState(location)
+    commit(durable, 6, 1, [kv(1)], batch=0)
+    read = durable.heads([6])[6]
+    durable.claim({6: read}, owner="tool")
+    with pytest.raises(CommitConflictError, match=r"slices \[6\] lost"):
+        durable.commit("q", 1, 0, [SliceCommit(6, 2, read, [kv(2)])])
+
+
+def test_changes_are_read_from_the_local_segment_cache_first(location, tmp_path, monkeypatch):
+    from changelog import durable as durable_module
+
+    monkeypatch.setattr(durable_module, "SEGMENT_CACHE_FILES", 2)
+    cached = DurableState(location, segment_cache=tmp_path / "segments")
+    for v in (1, 2, 3):
+        head = cached.heads([4]).get(4)
+        cached.commit("q", v, 0, [SliceCommit(4, v, head, [kv(v)])])
+    head = cached.heads([4])[4]
+    assert sorted(f.name for f in (tmp_path / "segments").iterdir()) == sorted(
+        f"{e.uid}.seg" for e in head.log[1:]
+    )  # the newest two
+    s3 = boto3.client("s3")
+    s3.delete_object(Bucket=location.bucket, Key=head.log[-1].key(location))
+    assert cached.read_changes(4, head.log[-1]) == [kv(3)]  # from local disk
+    with pytest.raises(MissingObjectError):
+        DurableState(location).read_changes(4, head.log[-1])
+    local = tmp_path / "segments" / f"{head.log[1].uid}.seg"
+    local.write_bytes(local.read_bytes()[:-1] + b"?")  # damaged: S3 has it
+    assert cached.read_changes(4, head.log[1]) == [kv(2)]
+
+
 def test_idle_commit_costs_nothing(location):
     assert DurableState(location).commit("q", 0, 0, []).bytes == 0
     listed = boto3.client("s3").list_objects_v2(Bucket=location.bucket)

@@ -167,8 +167,8 @@ def test_handler_error_names_the_record_and_commits_nothing(location, tmp_path):
 
     with pytest.raises(ProcessorError, match=r"s/shardId-0/\d+\.0 \(key 'user-7', slice \d+"):
         runner(location, tmp_path, fails_on_seven).run(0, "q", 0, frame(KEYS[:100]))
-    heads = DurableState(location).heads(list(range(SLICES))).values()
-    assert heads and all(h.epoch == 1 and not h.committed for h in heads)  # claimed only
+    # ownership is taken in the commit's own write: a failed batch writes no head at all
+    assert DurableState(location).heads(list(range(SLICES))) == {}
 
 
 def test_older_batch_than_the_committed_state_is_refused(location, tmp_path):
@@ -233,3 +233,78 @@ def test_two_attempts_of_one_batch_racing_count_its_input_once(location, tmp_pat
     assert durable_counts(location) == Counter(KEYS[:200])
     out = outputs(b.run(0, "q", 2, frame(["user-9"], 300)))
     assert out == [{"key": "user-9", "n": Counter(KEYS[:200])["user-9"] + 1}]
+
+
+def metrics_of(out: pd.DataFrame) -> dict:
+    return json.loads(out[out.kind == "metrics"].value.iloc[0])
+
+
+def test_steady_batches_read_no_heads_and_a_head_changed_behind_them_is_caught(location, tmp_path):
+    r = runner(location, tmp_path)
+    first = metrics_of(r.run(0, "q", 0, frame(KEYS[:100])))
+    second = metrics_of(r.run(0, "q", 1, frame(KEYS[100:200], 100)))
+    assert first["heads_read"] == first["slices"] and first["heads_known"] == 0
+    assert second["heads_read"] == 0 and second["heads_known"] == second["slices"]
+    assert second["transactions"] == 1 and second["attempts"] == 1
+    # a tool takes every slice over between batches: the known heads are stale now
+    durable = DurableState(location)
+    durable.claim(durable.heads(list(range(SLICES))), owner="tool")
+    out = r.run(0, "q", 2, frame(KEYS[200:300], 200))
+    assert metrics_of(out)["attempts"] == 2  # the commit lost, the run began again
+    assert durable_counts(location) == Counter(KEYS[:300])
+    owners = {h.owner for h in durable.heads(list(range(SLICES))).values()}
+    assert "tool" not in owners  # every slice with records was taken back by the commit
+    assert metrics_of(r.run(0, "q", 3, frame(KEYS[300:], 300)))["heads_read"] == 0
+    assert durable_counts(location) == Counter(KEYS)
+
+
+def test_a_rerun_elsewhere_is_seen_by_the_worker_that_ran_the_batch_before(location, tmp_path):
+    a, b = runner(location, tmp_path / "a"), runner(location, tmp_path / "b")
+    a.run(0, "q", 0, frame(KEYS[:200]))
+    elsewhere = outputs(b.run(0, "q", 1, frame(KEYS[200:], 200)))
+    again = a.run(0, "q", 1, frame(KEYS[200:], 200))  # a's heads are from batch 0: stale
+    assert metrics_of(again)["attempts"] == 2 and outputs(again) == elsewhere
+    assert durable_counts(location) == Counter(KEYS)
+
+
+def test_a_group_moving_to_another_worker_of_the_host_reads_no_heads_and_no_s3(
+    location, tmp_path, monkeypatch
+):
+    """Python workers of one executor share the host: the worker that gets a group next
+    finds its heads in the group's hint file and the missing versions in the host's
+    segment cache."""
+    import os
+
+    from changelog import aws
+    from processor import stores
+
+    r = runner(location, tmp_path)
+    key = (str(tmp_path), location.app, SLICES)
+    other_pid = os.getpid() + 1_000_000
+
+    def as_other_worker(batch: int, keys: list[str], first: int) -> dict:
+        with monkeypatch.context() as m:
+            m.setattr(os, "getpid", lambda: other_pid)
+            if other is not None:
+                m.setitem(stores._caches, key, other)
+            out = r.run(0, "q", batch, frame(keys, first))
+            return metrics_of(out), stores._caches[key]
+
+    r.run(0, "q", 0, frame(KEYS[:100]))
+    this = stores._caches[key]
+    other = None
+    _, other = as_other_worker(1, KEYS[100:200], 100)  # builds its stores: first time here
+    stores._caches[key] = this
+    r.run(0, "q", 2, frame(KEYS[200:300], 200))
+
+    def no_s3(**request):  # noqa: ANN003, ANN202
+        raise AssertionError(f"S3 read while the host's segment cache has it: {request}")
+
+    monkeypatch.setattr(aws.client("s3"), "get_object", no_s3)
+    metrics, _ = as_other_worker(3, KEYS[300:], 300)  # one version behind
+    monkeypatch.undo()
+    assert metrics["heads_read"] == 0 and metrics["heads_known"] == metrics["slices"]
+    assert metrics["restores"] and all(
+        m["from_version"] == 2 and m["to_version"] == 3 for m in metrics["restores"]
+    )
+    assert durable_counts(location) == Counter(KEYS)
