@@ -65,6 +65,11 @@ def _run(args: argparse.Namespace) -> int:
         groups=args.groups,
         starting_position=args.starting_position,
         max_records_per_shard=args.max_records_per_shard,
+        max_bytes_per_shard=args.max_bytes_per_shard,
+        idle_poll_ms=args.idle_poll_ms,
+        on_trimmed=args.on_trimmed,
+        on_corrupt_aggregate=args.on_corrupt_aggregate,
+        kinesis_endpoint=args.kinesis_endpoint,
         allowed_lateness_ms=args.allowed_lateness_ms,
         value_format=args.value_format,
         snapshot_every=args.snapshot_every,
@@ -133,8 +138,37 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--checkpoint", help="Spark checkpoint directory")
     run.add_argument("--local-dir", help="where executors keep slice stores")
     run.add_argument("--output", help="write outputs as Parquet here (default: console)")
-    run.add_argument("--starting-position", default="TRIM_HORIZON")
-    run.add_argument("--max-records-per-shard", type=int, default=10_000)
+    run.add_argument(
+        "--starting-position",
+        default="TRIM_HORIZON",
+        help="TRIM_HORIZON, LATEST, AT_TIMESTAMP:<epoch or ISO time>, or COMMITTED (a new "
+        "checkpoint continues where the application's committed state left off)",
+    )
+    run.add_argument(
+        "--max-records-per-shard", type=int, default=10_000, help="Kinesis records per batch"
+    )
+    run.add_argument(
+        "--max-bytes-per-shard", type=int, default=10 * 1024 * 1024, help="bytes per batch"
+    )
+    run.add_argument(
+        "--idle-poll-ms", type=int, default=1000, help="with no data, how often to look again"
+    )
+    run.add_argument(
+        "--on-trimmed",
+        choices=("fail", "oldest"),
+        default="fail",
+        help="a position older than the stream's retention: stop, or continue from the "
+        "oldest record (logged)",
+    )
+    run.add_argument(
+        "--on-corrupt-aggregate",
+        choices=("fail", "skip"),
+        default="fail",
+        help="a KPL aggregate that does not decode: stop, or skip it (logged, counted)",
+    )
+    run.add_argument(
+        "--kinesis-endpoint", help="Kinesis endpoint URL for the source (default: boto3's)"
+    )
     run.add_argument(
         "--allowed-lateness-ms",
         type=int,

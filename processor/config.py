@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from urllib.parse import urlparse
 
 from changelog.layout import AppLocation
 from processor.errors import ConfigError
+from processor.kinesis.positions import check_starting
+from processor.kinesis.reader import CORRUPT_POLICIES as ON_CORRUPT_AGGREGATE
+from processor.kinesis.reader import POLICIES as ON_TRIMMED
 from state.slices import DEFAULT_SLICES, check_slices
 
 
@@ -20,6 +24,11 @@ class JobConfig:
     groups:     Spark shuffle partitions; each runs a contiguous run of slices.
     checkpoint: Spark's checkpoint directory for this query.
     local_dir:  where executors keep slice stores (a cache; losing it costs only time).
+    starting_position: TRIM_HORIZON, LATEST, AT_TIMESTAMP:<time>, or COMMITTED (where the
+                application's committed state left off; for a new checkpoint).
+    on_trimmed: fail | oldest: a source position older than the stream's retention.
+    on_corrupt_aggregate: fail | skip: a KPL aggregate that does not decode.
+    kinesis_endpoint: a Kinesis endpoint URL for this job's source (default: boto3's own).
     """
 
     app: str
@@ -37,6 +46,9 @@ class JobConfig:
     max_records_per_shard: int = 10_000
     max_bytes_per_shard: int = 10 * 1024 * 1024
     idle_poll_ms: int = 1000
+    on_trimmed: str = "fail"
+    on_corrupt_aggregate: str = "fail"
+    kinesis_endpoint: str | None = None
     allowed_lateness_ms: int = 0
     timer_poll_ms: int = 1000
     value_format: str = "msgpack"
@@ -56,6 +68,7 @@ class JobConfig:
             check_slices(self.slices)
         except ValueError as exc:
             raise ConfigError(f"--slices: {exc}") from exc
+        self._check_source()
         if self.value_format not in ("msgpack", "json", "raw", "pickle"):
             raise ConfigError(
                 f"value_format {self.value_format!r}: use msgpack (default), json, raw or pickle"
@@ -76,6 +89,36 @@ class JobConfig:
                 f"--groups {self.groups}: must be between 1 and slices ({self.slices})"
             )
 
+    def _check_source(self) -> None:
+        try:
+            check_starting(self.starting_position)
+        except ConfigError as exc:
+            raise ConfigError(f"--starting-position: {exc}") from exc
+        for flag, value in (
+            ("--max-records-per-shard", self.max_records_per_shard),
+            ("--max-bytes-per-shard", self.max_bytes_per_shard),
+            ("--idle-poll-ms", self.idle_poll_ms),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{flag} {value!r}: must be a positive integer")
+        if self.on_trimmed not in ON_TRIMMED:
+            raise ConfigError(
+                f"--on-trimmed {self.on_trimmed!r}: use fail (default: stop with the shard and "
+                "position) or oldest (continue from the oldest record still in the shard)"
+            )
+        if self.on_corrupt_aggregate not in ON_CORRUPT_AGGREGATE:
+            raise ConfigError(
+                f"--on-corrupt-aggregate {self.on_corrupt_aggregate!r}: use fail (default: "
+                "stop with its coordinates) or skip (log and count it, go on)"
+            )
+        if self.kinesis_endpoint is not None:
+            url = urlparse(self.kinesis_endpoint)
+            if url.scheme not in ("http", "https") or not url.hostname:
+                raise ConfigError(
+                    f"--kinesis-endpoint {self.kinesis_endpoint!r}: expected an http:// or "
+                    "https:// URL such as http://127.0.0.1:4567"
+                )
+
     @property
     def location(self) -> AppLocation:
         base = AppLocation.default(self.app)
@@ -87,7 +130,8 @@ class JobConfig:
         )
 
     def source_options(self) -> dict[str, str]:
-        return {
+        """Options of the `shardless_kinesis` source for this job."""
+        options = {
             "streams": ",".join(self.streams),
             "table": self.location.table,
             "slices": str(self.slices),
@@ -95,4 +139,9 @@ class JobConfig:
             "maxRecordsPerShard": str(self.max_records_per_shard),
             "maxBytesPerShard": str(self.max_bytes_per_shard),
             "idlePollMs": str(self.idle_poll_ms),
+            "onTrimmed": self.on_trimmed,
+            "onCorruptAggregate": self.on_corrupt_aggregate,
         }
+        if self.kinesis_endpoint:
+            options["kinesisEndpoint"] = self.kinesis_endpoint
+        return options

@@ -20,6 +20,7 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 
 from changelog import aws, resources
 from changelog.errors import ConfigurationError
+from processor import heartbeat
 from processor.config import JobConfig
 from processor.errors import ConfigError
 from processor.grouping import group_keys
@@ -46,23 +47,52 @@ RECORD_COLUMNS = (
 )
 
 
-def prepare(cfg: JobConfig) -> None:
-    """Fail fast on what a running job would only find later: streams, bucket, table, slices."""
+def prepare(cfg: JobConfig, spark: SparkSession | None = None) -> None:
+    """Fail fast on what a running job would only find later: streams, bucket, table, slices.
+
+    With `--starting-position COMMITTED` on a new checkpoint, first undo the slice commits
+    of batches that never completed (committed, but no progress recorded: the driver died
+    in between), so the new query reads those records again and counts them once. A
+    checkpoint that already planned a batch is resumed as it is (`spark` lets remote
+    checkpoints be seen; without it only local paths are).
+    """
+    from processor import progress
+    from processor.kinesis.client import kinesis_client
+    from processor.kinesis.positions import is_committed
+
     try:
         resources.ensure(cfg.location, cfg.slices)
     except ConfigurationError as exc:
         raise ConfigError(str(exc)) from exc
-    kinesis = aws.client("kinesis", fail_fast=True)
+    kinesis = kinesis_client(cfg.kinesis_endpoint, fail_fast=True)
+    where = cfg.kinesis_endpoint or aws.where("kinesis")
+    fix = "--kinesis-endpoint" if cfg.kinesis_endpoint else "AWS_ENDPOINT_URL_KINESIS"
     for stream in cfg.streams:
         try:
             list_shards(kinesis, stream)
         except Exception as exc:
             if "Could not connect" in str(exc):
                 raise ConfigError(
-                    f"cannot reach Kinesis at {aws.where('kinesis')}: start the local emulators "
-                    "(`shardless local up`) or fix AWS_ENDPOINT_URL_KINESIS"
+                    f"cannot reach Kinesis at {where}: start the local emulators "
+                    f"(`shardless local up`) or fix {fix}"
                 ) from exc
             raise ConfigError(str(exc)) from exc
+    if is_committed(cfg.starting_position):
+        if progress.checkpoint_started(spark, cfg.checkpoint):
+            log.info(
+                "checkpoint %s has batches: resuming it (--starting-position COMMITTED applies "
+                "to a new checkpoint only)",
+                cfg.checkpoint,
+            )
+        else:
+            found, _ = progress.committed_start(cfg.location)
+            log.info(
+                "application %r continues from query %s's batch %s (%d shard positions)",
+                cfg.app,
+                found["query"],
+                found["batch"],
+                len(found["positions"]),
+            )
 
 
 def slice_column(partition_key: str, slices: int) -> Column:
@@ -85,27 +115,26 @@ def slice_column(partition_key: str, slices: int) -> Column:
 
 
 def as_records(df: DataFrame, slices: int, stream: str = "records") -> DataFrame:
-    """Rows of any Spark source shaped as the Kinesis source emits them, for `outputs`.
+    """Rows of any Spark source shaped for `outputs`, as if from a single-shard stream.
 
     `df` needs `partition_key` (string), `sequence_number` (a long, increasing in the order
     records must be processed), `arrival` (timestamp) and `data` (binary). Every record gets
-    one stream and shard, as from a single-shard Kinesis stream, so its sequence number
-    alone is its `stream_order`: kept a long, which sorts like the source's padded strings
-    and crosses into Python without a string per row (78-character strings cost about
-    0.8 s per 100,000 rows on 2 cores, `docs/benchmarks.md`).
+    one stream and shard, so its sequence number alone is its `stream_order`: kept a long,
+    which sorts like the source's padded strings and crosses into Python without a string
+    per row (78-character strings cost about 0.8 s per 100,000 rows on 2 cores,
+    `docs/benchmarks.md`). What is the same for every record (stream, shard, sub-sequence
+    0) or follows from `stream_order` (the sequence number, as a string) is not a column:
+    it is declared in `stream_order`'s metadata, and the runtime fills it in rather than
+    Spark shuffling and converting four more columns per row.
     """
     seq = F.col("sequence_number").cast("long")
+    fixed = {"stream": stream, "shard": "shardId-000000000000", "subsequence": 0}
     return df.select(
-        F.lit(stream).alias("stream"),
-        F.lit("shardId-000000000000").alias("shard"),
-        seq.cast("string").alias("sequence_number"),
-        F.lit(0).cast("long").alias("subsequence"),
         F.col("partition_key"),
-        F.lit(None).cast("string").alias("explicit_hash_key"),
         F.col("arrival"),
         F.col("data"),
         slice_column("partition_key", slices).alias("slice"),
-        seq.alias("stream_order"),
+        seq.alias("stream_order", metadata={"shardless": {"fixed": fixed}}),
     )
 
 
@@ -118,7 +147,7 @@ def outputs(
     """The streaming DataFrame of outputs (and per-group metrics rows, kind='metrics').
 
     The input is the Kinesis source of `cfg`, or `records`: any streaming DataFrame with the
-    Kinesis source's columns (see `as_records`), e.g. files in a benchmark. Durable commits
+    Kinesis source's columns, or `as_records`'s (files in a benchmark, say). Durable commits
     go to the application's S3 bucket and DynamoDB table either way.
     """
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
@@ -129,6 +158,15 @@ def outputs(
             cfg.groups,
             partitions,
         )
+    if cfg.slices > 100 * partitions:
+        log.warning(
+            "%s slices in %s partitions: a partition whose slices all changed commits them in "
+            "%s DynamoDB transactions (100 items each); %s or more partitions make it one",
+            cfg.slices,
+            partitions,
+            -(-cfg.slices // partitions // 100),
+            -(-cfg.slices // 100),
+        )
     keys = group_keys(partitions)
     if records is None:
         records = (
@@ -137,9 +175,14 @@ def outputs(
     group_index = F.floor(F.col("slice") * partitions / cfg.slices).cast("int")
     key_array = F.array(*[F.lit(k) for k in keys])
     # Only what the runtime reads crosses into Python: every column costs Arrow conversion
-    # and one Python object per row.
+    # and one Python object per row. Columns `as_records` declares fixed stay behind.
+    order = records.schema["stream_order"].metadata if "stream_order" in records.columns else {}
+    fixed = dict(order.get("shardless", {}).get("fixed", {}))
+    if fixed:
+        fixed["sequence_number"] = None  # the string of `stream_order`
+    columns = [c for c in RECORD_COLUMNS if c not in fixed or c in records.columns]
     grouped = records.withWatermark("arrival", f"{cfg.allowed_lateness_ms} milliseconds").select(
-        F.element_at(key_array, group_index + 1).alias("group"), *RECORD_COLUMNS
+        F.element_at(key_array, group_index + 1).alias("group"), *columns
     )
     runner = GroupRunner(
         handlers,
@@ -153,6 +196,7 @@ def outputs(
             snapshot_every=cfg.snapshot_every,
             snapshot_log_bytes=cfg.snapshot_log_mb * 1024 * 1024,
             keep_snapshots=cfg.keep_snapshots,
+            fixed_columns={c: v for c, v in fixed.items() if c not in columns},
         ),
     )
     return grouped.groupBy("group").applyInPandasWithState(
@@ -176,6 +220,17 @@ class BatchReport:
     restored_bytes: int = 0
     restore_seconds_max: float = 0.0
     restores: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def restored(self) -> list[dict[str, Any]]:
+        """The restores that brought state (not a first look at a slice without any)."""
+        return [r for r in self.restores if r["bytes"] or r["rolled_back"]]
+
+    def summary(self) -> dict[str, Any]:
+        """The report without the per-slice restore list: one log line per batch."""
+        out = {k: v for k, v in self.__dict__.items() if k != "restores"}
+        out["restored_slices"] = len(self.restored)
+        return out
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, default=str)
@@ -205,10 +260,16 @@ def start(
     available_now: bool = False,
     processing_time: str | None = None,
 ) -> StreamingQuery:
-    """Start the query. Each batch's outputs go to `sink` once the state is committed."""
-    prepare(cfg)
+    """Start the query. Each batch's outputs go to `sink` once the state is committed; then
+    the batch's source positions are recorded as the application's progress
+    (`processor.progress`), which `--starting-position COMMITTED` continues from."""
+    from processor.progress import Recorder
+
+    prepare(cfg, spark)
+    recorder = Recorder(spark, cfg.location, cfg.checkpoint)
 
     def each_batch(df: DataFrame, batch_id: int) -> None:
+        recorder.begin(batch_id)  # once per driver run, before anything of it is committed
         df = df.persist()
         try:
             report = BatchReport(batch_id)
@@ -228,7 +289,10 @@ def start(
                     [report.restore_seconds_max, *(r["seconds"] for r in m["restores"])]
                 )
             sink(df.where("kind = 'out'").drop("kind"), batch_id)
-            log.info("batch %s", report.to_json())
+            recorder.after_sink(batch_id, report.records, report.committed_slices, report.outputs)
+            log.info("batch %s", json.dumps(report.summary()))
+            for r in report.restored:
+                log.debug("restored %s", json.dumps(r))
             if on_report is not None:
                 on_report(report)
         finally:
@@ -249,4 +313,6 @@ def start(
         writer = writer.trigger(availableNow=True)
     elif processing_time:
         writer = writer.trigger(processingTime=processing_time)
-    return writer.start()
+    query = writer.start()
+    heartbeat.hold(cfg.location, query)  # tells the state tools the application runs
+    return query

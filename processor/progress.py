@@ -1,129 +1,539 @@
-"""Where a query's committed batches left the source, recorded after each batch.
+"""Where the application's committed state left the source, recorded after each batch.
 
-After a batch's outputs are written, the driver records the source offset that batch
-ended at (read from Spark's checkpoint, `offsets/<batch>`), in the application's table:
+After a batch's outputs are written, the driver records where the source stood after that
+batch, in the application's table (one TransactWriteItems of two items per batch):
 
-    pk="app"  sk="progress"                      the newest: query, batch, run, n
-    pk="app"  sk="progress#<query8>#<batch>"     one per batch, for roll-back
+    pk="app"  sk="progress"                     the newest completed batch ("latest")
+    pk="app"  sk="progress#<query8>#<batch>"    one per batch, for roll-back
 
-One BatchWriteItem per batch. From (run, n) the source's batch log gives every shard's
-position after that batch, so a new query can continue the application's state exactly
-where it stands (`--starting-position COMMITTED`), and a roll-back can name the positions
-its batch implies.
+A record is self-contained: besides `query` and `batch` it holds every shard's position
+after the batch (`positions`, zlib-compressed JSON with a format version) and the run's
+initial position (`initial`: where a shard that is not in the map starts). So it can be
+copied to another application (a re-sliced state generation), made the latest again after
+a roll-back (`set_latest`), and a new query continues from it (`--starting-position
+COMMITTED`) without the batch log of the run that wrote it. `offset` (the source's
+`{run, n}`) is kept for reference only.
+
+The latest record also says who may continue from it:
+
+- `started`: queries that began from this point and may have committed state past it
+  without completing a batch (each registers at its first batch, before committing).
+- `fenced`: queries whose checkpoints are stale (another query took the state over, or it
+  was rolled back behind them); they are refused at their first batch.
+
+Crash points of batch b of query Q (state commit by the slices → sink → this record):
+
+- before any slice commits: nothing to undo; a restart re-runs b.
+- some or all slices committed b, the record not written (the driver died, the sink or
+  DynamoDB failed): restarted from its checkpoint, Q re-runs b and every slice that
+  committed b re-commits in place (`processor.runtime`). A NEW query started at COMMITTED
+  first rolls back every commit past the latest record (`undo_uncommitted`: Q's batches
+  after the recorded one, and every query in `started`), then reads from its positions;
+  so state counts each record once. Outputs of b that the sink had written are written
+  again by the new query (at-least-once for that one batch: a sink that was never told
+  the batch completed cannot know).
+- the record written, Spark's commit of b not: a restart re-runs b in place and records
+  it again; a new query continues after b.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import time
+import zlib
 from typing import Any
 
-from changelog import aws
+from botocore.exceptions import ClientError
+
+from changelog import aws, rollback
 from changelog.layout import APP_PK, AppLocation, query_tag
-from processor.errors import ConfigError
+from processor.errors import ConfigError, ProcessorError
 from processor.kinesis import positions as pos
 from processor.kinesis.batch_log import BatchLog
+
+log = logging.getLogger(__name__)
+
+LATEST_SK = "progress"
+FORMAT = 1
+MAX_POSITIONS_BYTES = 300_000  # two copies and the rest must fit DynamoDB's 400 KB item
+IDLE_RECORD_S = 600.0  # an idle query refreshes its record (and `since`) this often
+Progress = dict[str, Any]
+
+
+def history_sk(query: str, batch: int) -> str:
+    return f"progress#{query_tag(query)}#{batch:012d}"
+
+
+# -- encoding ------------------------------------------------------------------------------
+
+
+def _encode_positions(positions: pos.Positions) -> bytes:
+    raw = json.dumps(positions, sort_keys=True, separators=(",", ":")).encode()
+    blob = zlib.compress(raw, 6)
+    if len(blob) > MAX_POSITIONS_BYTES:
+        raise ProcessorError(
+            f"the source positions of {len(positions)} shards take {len(blob)} bytes "
+            f"compressed, over the {MAX_POSITIONS_BYTES} a progress record can hold"
+        )
+    return blob
+
+
+def _decode_positions(raw: bytes, where: str) -> pos.Positions:
+    try:
+        found = json.loads(zlib.decompress(raw))
+    except (zlib.error, ValueError) as exc:
+        raise ProcessorError(f"progress record {where} is corrupt: {exc}") from exc
+    if not isinstance(found, dict):
+        raise ProcessorError(f"progress record {where} is corrupt: positions are not a map")
+    return found
+
+
+def _item(sk: str, progress: Progress) -> dict[str, Any]:
+    item: dict[str, Any] = {
+        "pk": {"S": APP_PK},
+        "sk": {"S": sk},
+        "v": {"N": str(FORMAT)},
+        "query": {"S": progress["query"]},
+        "batch": {"N": str(int(progress["batch"]))},
+        "positions": {"B": _encode_positions(progress["positions"])},
+        "initial": {"S": json.dumps(progress["initial"], sort_keys=True)},
+        "at": {"N": str(int(progress.get("at") or time.time() * 1000))},
+    }
+    if progress.get("offset") is not None:
+        item["offset"] = {"S": json.dumps(progress["offset"], sort_keys=True)}
+    return item
+
+
+def _from_item(item: dict[str, Any], where: str) -> Progress:
+    """A record as a dict; a placeholder (a first query that has not completed a batch)
+    has `batch` None and no positions."""
+    version = int(item.get("v", {"N": "0"})["N"])
+    if "query" in item and version != FORMAT:
+        raise ProcessorError(
+            f"progress record {where} has format {version}; this version reads {FORMAT}"
+        )
+    out: Progress = {
+        "query": item["query"]["S"] if "query" in item else None,
+        "batch": int(item["batch"]["N"]) if "batch" in item else None,
+        "started": sorted(item.get("started", {}).get("SS", [])),
+        "fenced": sorted(item.get("fenced", {}).get("SS", [])),
+    }
+    if out["batch"] is not None:
+        out["positions"] = _decode_positions(item["positions"]["B"], where)
+        out["initial"] = json.loads(item["initial"]["S"])
+        out["offset"] = json.loads(item["offset"]["S"]) if "offset" in item else None
+        out["at"] = int(item["at"]["N"]) if "at" in item else None
+    return out
+
+
+def _key(sk: str) -> dict[str, Any]:
+    return {"pk": {"S": APP_PK}, "sk": {"S": sk}}
+
+
+def _read(table: str, sk: str) -> Progress | None:
+    item = (
+        aws.client("dynamodb")
+        .get_item(TableName=table, Key=_key(sk), ConsistentRead=True)
+        .get("Item")
+    )
+    return None if item is None else _from_item(item, f"{table}/{sk}")
+
+
+def _completed(found: Progress | None) -> Progress | None:
+    return found if found is not None and found["batch"] is not None else None
+
+
+# -- reading and writing records -----------------------------------------------------------
+
+
+def latest_in(table: str) -> Progress | None:
+    """The newest completed batch's record in `table` (None: no batch completed yet)."""
+    return _completed(_read(table, LATEST_SK))
+
+
+def latest(loc: AppLocation) -> Progress | None:
+    """The application's newest record: `query`, `batch`, `positions`, `initial`,
+    `offset`, `at`, `started`, `fenced`; None while no batch has completed."""
+    return latest_in(loc.table)
+
+
+def at_batch(loc: AppLocation, query: str, batch: int) -> Progress | None:
+    """The record `query` (full id or its first 8 characters) wrote after `batch`."""
+    return _read(loc.table, history_sk(query, batch))
+
+
+def record(loc: AppLocation, progress: Progress) -> None:
+    """Record that `progress["query"]` completed `progress["batch"]`, in one request.
+
+    Refused (ProcessorError) when the query was fenced, or never registered from the
+    latest record: another query has taken the application's state over.
+    """
+    query = progress["query"]
+    latest_item = _item(LATEST_SK, progress)
+    if progress.get("fenced"):
+        latest_item["fenced"] = {"SS": sorted(set(progress["fenced"]))}
+    try:
+        aws.client("dynamodb").transact_write_items(
+            TransactItems=[
+                {
+                    "Put": {
+                        "TableName": loc.table,
+                        "Item": latest_item,
+                        "ConditionExpression": "(#q = :me OR contains(#st, :me)) "
+                        "AND NOT contains(#f, :me)",
+                        "ExpressionAttributeNames": {
+                            "#q": "query",
+                            "#st": "started",
+                            "#f": "fenced",
+                        },
+                        "ExpressionAttributeValues": {":me": {"S": query}},
+                    }
+                },
+                {
+                    "Put": {
+                        "TableName": loc.table,
+                        "Item": _item(history_sk(query, progress["batch"]), progress),
+                    }
+                },
+            ]
+        )
+    except ClientError as exc:
+        if exc.response["Error"]["Code"] != "TransactionCanceledException":
+            raise
+        now = _read(loc.table, LATEST_SK)
+        why = (
+            "this query was fenced (a COMMITTED start or a roll-back took the state over)"
+            if now is not None and query in now["fenced"]
+            else "another query took the state over"
+        )
+        raise ProcessorError(
+            f"query {query} cannot record batch {progress['batch']} of application "
+            f"{loc.app!r}: {why}; the newest progress is {_who(now)}. Stop this query: its "
+            "commits of this batch are undone by the next COMMITTED start"
+        ) from exc
+
+
+def _who(found: Progress | None) -> str:
+    """The newest progress, in words."""
+    if found is None:
+        return "none"
+    if found["query"] is None:
+        return f"no completed batch, begun by queries {found['started']}"
+    return f"query {found['query']}'s batch {found['batch']}"
+
+
+def set_latest(loc: AppLocation, progress: Progress) -> None:
+    """Make `progress` (a record of this or another application) the point a COMMITTED
+    start continues from: after a roll-back, or in a re-sliced generation. Every query
+    that could have continued from the record replaced is fenced, and so is the record's
+    own query: its checkpoint is past the point the state now stands at."""
+    old = _read(loc.table, LATEST_SK)
+    fenced = {progress["query"], *progress.get("fenced", [])}
+    if old is not None:
+        fenced |= {*old["fenced"], *old["started"]}
+        if old["query"] is not None:
+            fenced.add(old["query"])
+    item = _item(LATEST_SK, progress)
+    item["fenced"] = {"SS": sorted(fenced)}
+    aws.client("dynamodb").put_item(TableName=loc.table, Item=item)
+
+
+# -- a query's start -----------------------------------------------------------------------
+
+
+def register(
+    loc: AppLocation, query: str, first_batch: int, start_from: dict[str, Any] | None
+) -> list[str]:
+    """At a driver run's first batch, before anything is committed: check that `query`
+    may work on the application's state, and record that it began (`started`).
+
+    `start_from` is the record a COMMITTED run continues (`{"query", "batch"}` from its
+    offsets), None otherwise. A COMMITTED run fences every other query that could continue
+    from that record. Returns the fenced queries, which the query's records carry forward.
+    Raises ProcessorError for a stale checkpoint.
+    """
+    ddb = aws.client("dynamodb")
+    for _ in range(5):
+        found = _read(loc.table, LATEST_SK)
+        if found is None:
+            if start_from is not None:
+                raise ProcessorError(
+                    f"query {query} starts from application {loc.app!r}'s progress after "
+                    f"batch {start_from['batch']} of query {start_from['query']}, but the "
+                    "application has no progress record any more"
+                )
+            try:
+                ddb.put_item(
+                    TableName=loc.table,
+                    Item={**_key(LATEST_SK), "started": {"SS": [query]}},
+                    ConditionExpression="attribute_not_exists(pk)",
+                )
+                return []
+            except ClientError as exc:
+                if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                    raise
+                continue
+        if query in found["fenced"]:
+            raise ProcessorError(
+                f"query {query} (this checkpoint) may no longer work on application "
+                f"{loc.app!r}: its state was rolled back behind it or taken over by another "
+                f"query (the newest progress is {_who(found)}); start a NEW checkpoint with "
+                "--starting-position COMMITTED"
+            )
+        if found["query"] == query or query in found["started"]:
+            return found["fenced"]
+        if first_batch > 0:
+            raise ProcessorError(
+                f"query {query} resumes its checkpoint at batch {first_batch}, but another "
+                f"query has continued application {loc.app!r}'s state since (the newest "
+                f"progress is {_who(found)}): this checkpoint is stale; start a NEW checkpoint "
+                "with --starting-position COMMITTED"
+            )
+        others: set[str] = set()
+        if start_from is not None:
+            if (found["query"], found["batch"]) != (start_from["query"], start_from["batch"]):
+                raise ProcessorError(
+                    f"query {query} started from query {start_from['query']}'s batch "
+                    f"{start_from['batch']}, but application {loc.app!r}'s newest progress "
+                    f"is now {_who(found)}: is another query running on it? Stop it, and "
+                    "start this one again on a new checkpoint"
+                )
+            others = {q for q in (found["query"], *found["started"]) if q and q != query}
+        elif found["batch"] is not None:
+            log.warning(
+                "query %s starts on a new checkpoint at its own starting position, but "
+                "application %r already holds state up to %s: records read again are "
+                "counted again; --starting-position COMMITTED continues where it left off",
+                query,
+                loc.app,
+                _who(found),
+            )
+        names = {"#st": "started"}
+        values: dict[str, Any] = {":me": {"SS": [query]}}
+        update = "ADD #st :me"
+        if others:
+            update += ", #f :others"
+            names["#f"] = "fenced"
+            values[":others"] = {"SS": sorted(others)}
+        if found["query"] is None:
+            condition = "attribute_exists(pk) AND attribute_not_exists(#q)"
+        else:
+            condition = "#q = :q AND #b = :b"
+            values[":q"] = {"S": found["query"]}
+            values[":b"] = {"N": str(found["batch"])}
+            names["#b"] = "batch"
+        names["#q"] = "query"
+        try:
+            ddb.update_item(
+                TableName=loc.table,
+                Key=_key(LATEST_SK),
+                UpdateExpression=update,
+                ConditionExpression=condition,
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=values,
+            )
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+            continue  # another query recorded or registered meanwhile: look again
+        if others:
+            log.info("query %s continues application %r; fenced %s", query, loc.app, others)
+        return sorted({*found["fenced"], *others})
+    raise ProcessorError(
+        f"query {query}: application {loc.app!r}'s progress record kept changing while this "
+        "query started; is another query running on it?"
+    )
+
+
+def undo_uncommitted(loc: AppLocation) -> tuple[Progress | None, int]:
+    """Roll back every slice commit past the latest record: the recorded query's batches
+    after its recorded one, and every commit of a query in `started` (none of them
+    completed a batch). Returns the latest record (None if none) and how many slices moved.
+
+    Safe to repeat; run with the application stopped (heads are rewritten conditionally,
+    so a running job makes it fail rather than interleave).
+    """
+    found = _read(loc.table, LATEST_SK)
+    if found is None:
+        return None, 0
+    cuts: list[tuple[str, int]] = []
+    if found["batch"] is not None:
+        cuts.append((found["query"], found["batch"]))
+    cuts += [(q, -1) for q in found["started"] if q != found["query"]]
+    moved = 0
+    for query, batch in cuts:
+        try:
+            plan = rollback.plan(loc, query, batch)
+        except rollback.RollbackError as exc:
+            raise ProcessorError(
+                f"cannot undo query {query}'s commits after batch {batch} in application "
+                f"{loc.app!r}: {exc}"
+            ) from exc
+        if plan.moves:
+            log.warning(
+                "application %r: %d slices committed query %s's batches after %s, which never "
+                "completed; rolling them back: %s",
+                loc.app,
+                len(plan.moves),
+                query,
+                batch,
+                plan.to_dict()["moves"],
+            )
+            moved += rollback.apply(loc, plan)
+    return _completed(found), moved
+
+
+def committed_start(loc: AppLocation) -> tuple[Progress, pos.Positions]:
+    """Prepare a COMMITTED start: undo commits past the latest record, then return it and
+    the shard positions it holds. ConfigError if no batch has completed yet."""
+    found, moved = undo_uncommitted(loc)
+    if found is None:
+        undone = f" ({moved} slices with commits of unfinished batches were rolled back)"
+        raise ConfigError(
+            f"--starting-position COMMITTED: application {loc.app!r} has no recorded progress "
+            f"(no batch has completed yet{undone if moved else ''}); start with TRIM_HORIZON, "
+            "LATEST or AT_TIMESTAMP"
+        )
+    return found, found["positions"]
+
+
+# -- the driver's side: Spark's checkpoint and the per-batch record -------------------------
+
+
+def _hadoop_path(spark: Any, path: str) -> tuple[Any, Any]:
+    jvm = spark._jvm
+    hpath = jvm.org.apache.hadoop.fs.Path(path)
+    return hpath.getFileSystem(spark._jsparkSession.sessionState().newHadoopConf()), hpath
+
+
+def _read_lines(spark: Any, path: str) -> list[str]:
+    fs, hpath = _hadoop_path(spark, path)
+    stream = fs.open(hpath)
+    try:
+        jvm = spark._jvm
+        reader = jvm.java.io.BufferedReader(jvm.java.io.InputStreamReader(stream, "UTF-8"))
+        lines = []
+        while (line := reader.readLine()) is not None:
+            lines.append(line)
+        return lines
+    finally:
+        stream.close()
 
 
 def checkpoint_offset(spark: Any, checkpoint: str, batch_id: int) -> dict[str, Any]:
     """The (first) source's end offset of `batch_id`, from Spark's checkpoint, on any
     Hadoop file system (local, s3a, hdfs)."""
-    jvm = spark._jvm
-    path = jvm.org.apache.hadoop.fs.Path(f"{checkpoint.rstrip('/')}/offsets/{batch_id}")
-    fs = path.getFileSystem(spark._jsparkSession.sessionState().newHadoopConf())
-    stream = fs.open(path)
-    try:
-        reader = jvm.java.io.BufferedReader(jvm.java.io.InputStreamReader(stream, "UTF-8"))
-        lines = []
-        while (line := reader.readLine()) is not None:
-            lines.append(line)
-    finally:
-        stream.close()
-    # v1 / metadata / one offset per source
-    return json.loads(lines[2])
+    lines = _read_lines(spark, f"{checkpoint.rstrip('/')}/offsets/{batch_id}")
+    return json.loads(lines[2])  # v1 / batch metadata / one offset per source
 
 
-def _item(sk: str, query: str, batch: int, offset: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "pk": {"S": APP_PK},
-        "sk": {"S": sk},
-        "query": {"S": query},
-        "batch": {"N": str(batch)},
-        "offset": {"S": json.dumps(offset, sort_keys=True)},
-    }
+def checkpoint_query(spark: Any, checkpoint: str) -> str:
+    """The query id Spark keeps in the checkpoint (`metadata`), which the runtime commits
+    under (`sql.streaming.queryId`)."""
+    return json.loads("".join(_read_lines(spark, f"{checkpoint.rstrip('/')}/metadata")))["id"]
 
 
-def record(loc: AppLocation, query: str, batch: int, offset: dict[str, Any]) -> None:
-    """Record that `query` completed `batch`, which ended at source `offset`."""
-    history = f"progress#{query_tag(query)}#{batch:012d}"
-    aws.client("dynamodb").batch_write_item(
-        RequestItems={
-            loc.table: [
-                {"PutRequest": {"Item": _item("progress", query, batch, offset)}},
-                {"PutRequest": {"Item": _item(history, query, batch, offset)}},
-            ]
-        }
-    )
+def checkpoint_started(spark: Any | None, checkpoint: str) -> bool:
+    """Whether Spark's checkpoint already planned a batch (a restart resumes it, and a
+    starting position no longer applies). Without a session only local paths are seen."""
+    offsets = f"{checkpoint.rstrip('/')}/offsets"
+    if spark is not None:
+        fs, hpath = _hadoop_path(spark, offsets)
+        return bool(fs.exists(hpath)) and len(fs.listStatus(hpath)) > 0
+    from pathlib import Path
+    from urllib.parse import urlparse
+
+    parsed = urlparse(offsets)
+    if parsed.scheme not in ("", "file"):
+        return False
+    path = Path(parsed.path if parsed.scheme else offsets)
+    return path.is_dir() and any(p.name.isdigit() for p in path.iterdir())
 
 
-def _read(loc: AppLocation, sk: str) -> dict[str, Any] | None:
-    item = (
-        aws.client("dynamodb")
-        .get_item(
-            TableName=loc.table, Key={"pk": {"S": APP_PK}, "sk": {"S": sk}}, ConsistentRead=True
-        )
-        .get("Item")
-    )
-    if item is None:
-        return None
-    return {
-        "query": item["query"]["S"],
-        "batch": int(item["batch"]["N"]),
-        "offset": json.loads(item["offset"]["S"]),
-    }
-
-
-def latest(loc: AppLocation) -> dict[str, Any] | None:
-    return _read(loc, "progress")
-
-
-def at_batch(loc: AppLocation, query: str, batch: int) -> dict[str, Any] | None:
-    return _read(loc, f"progress#{query_tag(query)}#{batch:012d}")
-
-
-def set_latest(loc: AppLocation, progress: dict[str, Any]) -> None:
-    """Make `progress` the point a COMMITTED start continues from (after a roll-back)."""
-    aws.client("dynamodb").put_item(
-        TableName=loc.table,
-        Item=_item("progress", progress["query"], progress["batch"], progress["offset"]),
-    )
-
-
-def positions_after(table: str, offset: dict[str, Any]) -> pos.Positions:
-    """Every shard's position after the batch that ended at `offset` (run, n), from the
-    batch log: saved by the source when it committed the batch, or rebuilt from the
-    batch's recorded ends on top of the batch before."""
-    log = BatchLog(table)
+def positions_after(
+    table: str, offset: dict[str, Any], known: dict[tuple[str, int], pos.Positions] | None = None
+) -> pos.Positions:
+    """Every shard's position after the batch that ended at `offset` (run, n): saved by
+    the source, or rebuilt from the batch's recorded ends on top of the batch before.
+    `known` caches positions by (run, n)."""
+    known = {} if known is None else known
+    batch_log = BatchLog(table)
     run, n = offset["run"], int(offset["n"])
-    chain = []
-    found = None
-    while n > 0:
-        found = log.positions(run, n)
-        if found is not None:
+    chain: list[int] = []
+    current: pos.Positions | None = None
+    while current is None:
+        if (run, n) in known:
+            current = known[(run, n)]
             break
-        chain.append(n)
-        n -= 1
-    current = found or {}
+        current = batch_log.positions(run, n)
+        if current is None:
+            if n == 0:
+                if offset.get("from"):
+                    raise ProcessorError(
+                        f"source run {run} started at COMMITTED, but its starting positions "
+                        f"(pos#0) are missing from table {table}"
+                    )
+                current = {}
+                break
+            chain.append(n)
+            n -= 1
     for k in reversed(chain):
-        current = pos.advance(current, log.ends(run, k))
+        current = pos.advance(current, batch_log.ends(run, k))
+        known[(run, k)] = current
+    known[(run, int(offset["n"]))] = current
     return current
 
 
-def committed_start(loc: AppLocation) -> tuple[dict[str, Any], pos.Positions]:
-    """The newest recorded progress and the shard positions it implies."""
-    found = latest(loc)
-    if found is None:
-        raise ConfigError(
-            f"--starting-position COMMITTED: application {loc.app!r} has no recorded progress "
-            "(no batch has completed yet); start with TRIM_HORIZON, LATEST or AT_TIMESTAMP"
+class Recorder:
+    """A query's progress records, written from `foreachBatch` on the driver.
+
+    `begin(batch_id)` runs at the top of every batch (it does its work once per driver
+    run: find the query id, `register`); `after_sink(batch_id, ...)` after the sink.
+    Costs per batch: reading `offsets/<batch>` from the checkpoint, one DynamoDB query
+    for the batch's shard ends, one TransactWriteItems; a batch that read, committed and
+    emitted nothing is not recorded (unless the last record is `IDLE_RECORD_S` old).
+    """
+
+    def __init__(self, spark: Any, loc: AppLocation, checkpoint: str) -> None:
+        self.spark = spark
+        self.loc = loc
+        self.checkpoint = checkpoint
+        self.query: str | None = None
+        self.fenced: list[str] = []
+        self._known: dict[tuple[str, int], pos.Positions] = {}
+        self._last_recorded: float | None = None
+
+    def begin(self, batch_id: int) -> None:
+        if self.query is not None:
+            return
+        query = checkpoint_query(self.spark, self.checkpoint)
+        offset = checkpoint_offset(self.spark, self.checkpoint, batch_id)
+        self.fenced = register(self.loc, query, batch_id, offset.get("from"))
+        self.query = query
+
+    def after_sink(self, batch_id: int, records: int, committed: int, outputs: int) -> bool:
+        """Record the batch; False if it was skipped as idle."""
+        assert self.query is not None, "begin() first"
+        idle = records == 0 and committed == 0 and outputs == 0
+        recent = self._last_recorded is not None and (
+            time.monotonic() - self._last_recorded < IDLE_RECORD_S
         )
-    return found, positions_after(loc.table, found["offset"])
+        if idle and recent:
+            return False
+        offset = checkpoint_offset(self.spark, self.checkpoint, batch_id)
+        positions = positions_after(self.loc.table, offset, self._known)
+        self._known = {k: v for k, v in self._known.items() if k[1] >= int(offset["n"]) - 1}
+        record(
+            self.loc,
+            {
+                "query": self.query,
+                "batch": batch_id,
+                "positions": positions,
+                "initial": offset["initial"],
+                "offset": {"run": offset["run"], "n": int(offset["n"])},
+                "fenced": self.fenced,
+            },
+        )
+        self._last_recorded = time.monotonic()
+        return True

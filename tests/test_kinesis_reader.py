@@ -287,7 +287,12 @@ def test_reading_a_shard_of_a_deleted_stream_raises_source_error(
     produce(kinesis, stream, 5)
     kinesis.delete_stream(StreamName=stream)
     deadline = time.monotonic() + 30
-    while stream in kinesis.list_streams()["StreamNames"]:
+    # gone for every call, not just from ListStreams (a stream DELETING may still be read)
+    while True:
+        try:
+            kinesis.describe_stream_summary(StreamName=stream)
+        except kinesis.exceptions.ResourceNotFoundException:
+            break
         assert time.monotonic() < deadline, f"{stream} not deleted"
         time.sleep(0.05)
     read = shard_read(stream, shard_id)

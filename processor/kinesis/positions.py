@@ -6,6 +6,10 @@ shard is recorded by the executor that read it (see `batch_log`), so a retried b
 finds the same end positions and reads exactly the same records, and the driver never
 reads records to find where a batch ends.
 
+A run that starts at COMMITTED carries `"from": {"query", "batch"}` in its offsets: the
+progress record it continues. Its positions before its first batch are that record's
+positions, saved in the batch log as the run's batch 0 (see `batch_log`).
+
 A shard position is `{"after": <sequence number or None>, "done": <bool>, "since": <epoch
 seconds>}`; a shard not yet in the map starts at the run's initial position (TRIM_HORIZON or
 AT_TIMESTAMP). `since` is a lower bound on the arrival time of the records not read yet (the
@@ -26,14 +30,37 @@ Position = dict[str, Any]
 Positions = dict[str, Position]
 
 
+COMMITTED = "COMMITTED"
+_EXPECTED = "expected TRIM_HORIZON, LATEST, AT_TIMESTAMP:<time> or COMMITTED"
+
+
+def is_committed(spec: str) -> bool:
+    """Whether a starting position option says "where the application's state left off"."""
+    return spec.strip().upper() == COMMITTED
+
+
+def check_starting(spec: str) -> str:
+    """Validate a starting position option (raising ConfigError); return it stripped."""
+    if not is_committed(spec):
+        initial_position(spec)
+    return spec.strip()
+
+
 def initial_position(spec: str, now: float | None = None) -> dict[str, Any]:
     """Resolve a starting position option once, at the first batch of a run.
 
     LATEST becomes AT_TIMESTAMP(now): a fixed point that a replay finds again, where a
-    LATEST iterator taken later would silently skip what arrived in between.
+    LATEST iterator taken later would silently skip what arrived in between. COMMITTED is
+    not resolved here: its positions come from the application's progress record
+    (`processor.progress`).
     """
     spec = spec.strip()
     upper = spec.upper()
+    if upper == COMMITTED:
+        raise ConfigError(
+            f"startingPosition {spec!r} takes its positions from the application's progress "
+            "record, not from a fixed position"
+        )
     if upper == "TRIM_HORIZON":
         return {"type": "TRIM_HORIZON"}
     if upper == "LATEST":
@@ -53,9 +80,7 @@ def initial_position(spec: str, now: float | None = None) -> dict[str, Any]:
         if ts != ts or ts in (float("inf"), float("-inf")):
             raise ConfigError(f"startingPosition {spec!r}: not a finite time")
         return {"type": "AT_TIMESTAMP", "ts": ts}
-    raise ConfigError(
-        f"startingPosition {spec!r}: expected TRIM_HORIZON, LATEST or AT_TIMESTAMP:<time>"
-    )
+    raise ConfigError(f"startingPosition {spec!r}: {_EXPECTED}")
 
 
 def new_offset(initial: dict[str, Any]) -> dict[str, Any]:

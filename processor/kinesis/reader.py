@@ -309,7 +309,9 @@ def _expand(read: ShardRead, raw: list[dict]) -> tuple[list[dict], int]:
     for r in raw:
         data = r["Data"]
         if not kpl.is_aggregated(data):
-            out.append({**r, "SubSequenceNumber": 0, "ExplicitHashKey": None})
+            r["SubSequenceNumber"] = 0  # the response's own dict: cheaper than a copy
+            r["ExplicitHashKey"] = None
+            out.append(r)
             continue
         try:
             users = kpl.deaggregate(data)

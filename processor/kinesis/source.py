@@ -4,7 +4,9 @@ Options:
   streams              comma-separated stream names (required)
   table                DynamoDB table where batch ends are recorded (required)
   slices               slice count used to route records (default 256)
-  startingPosition     TRIM_HORIZON (default), LATEST, AT_TIMESTAMP:<epoch or ISO time>
+  startingPosition     TRIM_HORIZON (default), LATEST, AT_TIMESTAMP:<epoch or ISO time>, or
+                       COMMITTED: the shard positions of the application's latest progress
+                       record in `table` (see processor.progress); a new checkpoint only
   maxRecordsPerShard   per batch (default 10000)
   maxBytesPerShard     per batch (default 10 MiB)
   idlePollMs           with no data, how often to poll again (default 1000)
@@ -22,32 +24,25 @@ reads records; `read` runs on executors, one partition per readable shard.
 from __future__ import annotations
 
 import logging
-import os
-import threading
 import time
 from collections.abc import Iterator
 
-import boto3
-from botocore.config import Config
+import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 
-from changelog import aws
 from processor.errors import ConfigError, SourceError
 from processor.kinesis import positions as pos
 from processor.kinesis.batch_log import BatchLog
+from processor.kinesis.client import kinesis_client
 from processor.kinesis.reader import CORRUPT_POLICIES, POLICIES, ShardRead, read_shard
+from processor.kinesis.rows import ROWS_PER_BATCH, SCHEMA, record_batch
 from processor.kinesis.shards import depths, list_shards, readable, vanished
-from processor.routing import hash_key
-from state.slices import check_slices, slice_of
+from state.slices import check_slices
+
+__all__ = ["SCHEMA", "KinesisDataSource", "KinesisStreamReader", "kinesis_client"]
 
 log = logging.getLogger(__name__)
-
-SCHEMA = (
-    "stream string, shard string, sequence_number string, subsequence long, "
-    "partition_key string, explicit_hash_key string, arrival timestamp, data binary, "
-    "slice int, stream_order string"
-)
 
 
 class _Partition(InputPartition):
@@ -87,31 +82,6 @@ def _choice_option(options: dict, name: str, choices: tuple[str, ...]) -> str:
     return value
 
 
-_clients: dict[str, object] = {}
-_clients_lock = threading.Lock()
-
-
-def kinesis_client(endpoint: str | None):  # noqa: ANN201 - boto3 clients are untyped
-    """The process's Kinesis client, or one for an endpoint given as a source option."""
-    if not endpoint:
-        return aws.client("kinesis")
-    with _clients_lock:
-        if endpoint not in _clients:
-            _clients[endpoint] = boto3.session.Session().client(
-                "kinesis",
-                endpoint_url=endpoint,
-                region_name=os.environ.get("AWS_REGION")
-                or os.environ.get("AWS_DEFAULT_REGION")
-                or "us-east-1",
-                config=Config(
-                    retries={"max_attempts": 8, "mode": "standard"},
-                    connect_timeout=5,
-                    read_timeout=60,
-                ),
-            )
-        return _clients[endpoint]
-
-
 class KinesisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str]) -> None:
         streams = [s.strip() for s in options.get("streams", "").split(",") if s.strip()]
@@ -125,8 +95,8 @@ class KinesisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self.slices = check_slices(_int_option(options, "slices", 256))
         except ValueError as exc:
             raise ConfigError(f"option slices: {exc}") from exc
-        self.starting = options.get("startingPosition", "TRIM_HORIZON")
-        pos.initial_position(self.starting)  # validate now, resolve at the first batch
+        # validated now, resolved at the first batch of a new checkpoint
+        self.starting = pos.check_starting(options.get("startingPosition", "TRIM_HORIZON"))
         self.max_records = _int_option(options, "maxRecordsPerShard", 10_000)
         self.max_bytes = _int_option(options, "maxBytesPerShard", 10 * 1024 * 1024)
         self.idle_poll_s = _int_option(options, "idlePollMs", 1000) / 1000
@@ -141,7 +111,34 @@ class KinesisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- driver side ---------------------------------------------------------------------
 
     def initialOffset(self) -> dict:  # noqa: N802
-        return pos.new_offset(pos.initial_position(self.starting))
+        if not pos.is_committed(self.starting):
+            return pos.new_offset(pos.initial_position(self.starting))
+        return self._committed_offset()
+
+    def _committed_offset(self) -> dict:
+        """A run that starts where the application's latest progress record left off: its
+        positions become the run's batch 0 in the batch log, and its offsets name the record
+        (`from`), so the job can check nothing moved in between."""
+        from processor import progress  # the driver-side process only
+
+        found = progress.latest_in(self.table)
+        if found is None:
+            raise ConfigError(
+                f"startingPosition=COMMITTED: table {self.table} holds no progress record (no "
+                "batch of this application has completed); start with TRIM_HORIZON, LATEST or "
+                "AT_TIMESTAMP"
+            )
+        offset = pos.new_offset(found["initial"])
+        offset["from"] = {"query": found["query"], "batch": found["batch"]}
+        BatchLog(self.table).save_positions(offset["run"], 0, found["positions"])
+        log.info(
+            "run %s starts at the progress of query %s after batch %s: %d shard positions",
+            offset["run"],
+            found["query"],
+            found["batch"],
+            len(found["positions"]),
+        )
+        return offset
 
     def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
         self._available_now = True
@@ -221,7 +218,15 @@ class KinesisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if (run, n) in self._positions:
             return self._positions[(run, n)]
         batch_log = BatchLog(self.table)
-        found = {} if n == 0 else batch_log.positions(run, n)
+        if n == 0:
+            found = batch_log.positions(run, 0) if offset.get("from") else {}
+            if found is None:
+                raise SourceError(
+                    f"run {run} started at COMMITTED, but its starting positions (pos#0) are "
+                    f"missing from table {self.table}"
+                )
+        else:
+            found = batch_log.positions(run, n)
         if found is None:
             before = self._positions_after({**offset, "n": n - 1})
             ends = batch_log.ends(run, n)
@@ -235,23 +240,10 @@ class KinesisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- executor side -------------------------------------------------------------------
 
-    def read(self, partition: InputPartition) -> Iterator[tuple]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, _Partition)
         read, slices = partition.read, partition.slices
         records, _ = read_shard(kinesis_client(self.endpoint), BatchLog(self.table), read)
-        prefix = f"{read.depth:04d}"
-        for r in records:
-            pk, ehk = r["PartitionKey"], r["ExplicitHashKey"]
-            seq, sub = r["SequenceNumber"], r["SubSequenceNumber"]
-            yield (
-                read.stream,
-                read.shard_id,
-                seq,
-                sub,
-                pk,
-                ehk,
-                r["ApproximateArrivalTimestamp"],
-                r["Data"],
-                slice_of(hash_key(pk, ehk), slices),
-                f"{prefix}{pos.sequence_sort_key(seq)}{sub:010d}",
-            )
+        for lo in range(0, len(records), ROWS_PER_BATCH):
+            chunk = records[lo : lo + ROWS_PER_BATCH]
+            yield record_batch(read.stream, read.shard_id, read.depth, chunk, slices)
