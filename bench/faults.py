@@ -1,0 +1,181 @@
+"""Fault injection against the real job: `python -m bench.faults --schedules N --seed S --json`.
+
+Runs `examples/user_activity.py` with `shardless run` on a two-executor Spark
+(`local-cluster[2,1,1024]`) against local emulators, one seeded fault schedule after
+another (`processor/faults/schedule.py`): kill -9 of the driver (restarted from its
+checkpoint, maybe after a reshard), of an executor (its disk lost too) or of a Python
+worker; S3 and DynamoDB 5xx, throttling and writes applied but reported failed; Kinesis
+throttling and expired iterators. After each schedule the durable state and the outputs
+are compared with a plain-Python fold of the stream (`processor/faults/check.py`).
+
+Prints one JSON object: `schedules`, `faults_by_kind` (faults that happened),
+`divergences` (schedules whose state or outputs differ from the fold: must be 0),
+`incomplete` (schedules that did not drain the stream in time), restore figures seen after
+kills, and one entry per schedule. One schedule takes about a minute on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import boto3
+
+from processor import local_aws
+from processor.faults import runner
+from processor.faults.proxy import Proxy
+from processor.faults.schedule import KILLS, KINDS, draw
+
+
+def run_harness(
+    aws: local_aws.LocalAws,
+    schedules: int,
+    seed: int,
+    work: Path,
+    keep: bool = False,
+    progress: Callable[[str], None] | None = None,
+    first: int = 0,
+) -> dict[str, Any]:
+    """Run schedules `first .. first+schedules-1` of `seed` against running emulators."""
+    started = time.monotonic()
+    kinesis = boto3.session.Session().client(
+        "kinesis",
+        endpoint_url=aws.kinesis_endpoint,
+        region_name=local_aws.REGION,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    outcomes: list[runner.Outcome] = []
+    with (
+        Proxy(aws.s3_endpoint, seed=seed) as storage,
+        Proxy(aws.kinesis_endpoint, seed=seed + 1) as kinesis_proxy,
+    ):
+        env = runner.Env(kinesis, aws.env(), storage, kinesis_proxy, work, keep)
+        for index in range(first, first + schedules):
+            schedule = draw(seed, index)
+            outcome = runner.run(env, schedule)
+            outcomes.append(outcome)
+            if progress is not None:
+                progress(_line(outcome))
+    return summarize(outcomes, seed, time.monotonic() - started)
+
+
+def _line(o: runner.Outcome) -> str:
+    verdict = "DIVERGED" if o.problems else f"INCOMPLETE ({o.incomplete})" if o.incomplete else "ok"
+    done = ", ".join(f"{k} x{n}" for k, n in sorted(o.happened.items())) or "none"
+    return (
+        f"schedule {o.schedule.index}: {verdict}; faults: {done}; {o.events} events, "
+        f"{len(o.batches)} batches, {len(o.runs)} driver runs, {o.seconds:.0f}s"
+    )
+
+
+def summarize(outcomes: list[runner.Outcome], seed: int, seconds: float) -> dict[str, Any]:
+    happened: Counter[str] = Counter()
+    broken: Counter[str] = Counter()
+    for o in outcomes:
+        happened.update(o.happened)
+        broken.update(o.requests_broken)
+    kills = [f for o in outcomes for f in o.faults if f["kind"] in KILLS and "missed" not in f]
+    return {
+        "schedules": len(outcomes),
+        "seed": seed,
+        "divergences": sum(1 for o in outcomes if o.problems),
+        "incomplete": sum(1 for o in outcomes if o.incomplete),
+        "faults_by_kind": {k: happened[k] for k in KINDS},
+        "faults_missed": dict(
+            Counter(f["kind"] for o in outcomes for f in o.faults if "missed" in f)
+        ),
+        "kills_mid_batch": sum(1 for f in kills if f.get("mid_batch") is not None),
+        "kills": len(kills),
+        "requests_broken": dict(sorted(broken.items())),
+        "driver_runs": sum(len(o.runs) for o in outcomes),
+        "driver_failures_restarted": sum(len(o.failures) for o in outcomes),
+        "events": sum(o.events for o in outcomes),
+        "batches": sum(len(o.batches) for o in outcomes),
+        "restores": restore_figures(outcomes),
+        "seconds": round(seconds, 1),
+        "divergence_details": [
+            {"schedule": o.schedule.index, "app": o.app, "problems": o.problems[:10]}
+            for o in outcomes
+            if o.problems
+        ],
+        "per_schedule": [o.summary() for o in outcomes],
+    }
+
+
+def restore_figures(outcomes: list[runner.Outcome]) -> dict[str, Any]:
+    """Restores from the batch reports: all batches that restored a slice with state, and
+    those in the first two batches a driver reported after an executor kill (its slices
+    reassigned to the other executor or to the replacement, rebuilt from S3)."""
+    every: list[dict] = []
+    after_kill: list[dict] = []
+    for o in outcomes:
+        every += [r for r in o.reports if r.get("restored_slices")]
+        for run in o.runs:
+            for at in run.kill_marks:
+                after_kill += [r for r in run.reports[at : at + 2] if r.get("restored_slices")]
+    return {"all": _figures(every), "after_executor_kill": _figures(after_kill)}
+
+
+def _figures(reports: list[dict]) -> dict[str, Any]:
+    if not reports:
+        return {"batches": 0}
+    seconds = [r["restore_seconds_max"] for r in reports]
+    restored = [r["restored_bytes"] for r in reports]
+    return {
+        "batches": len(reports),
+        "slices": sum(r["restored_slices"] for r in reports),
+        "bytes_total": sum(restored),
+        "bytes_per_batch_max": max(restored),
+        "bytes_per_slice_mean": round(sum(restored) / sum(r["restored_slices"] for r in reports)),
+        "slice_seconds_max": round(max(seconds), 3),
+        "slice_seconds_p50": round(statistics.median(seconds), 3),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--schedules", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--first", type=int, default=0, help="index of the first schedule")
+    parser.add_argument("--json", action="store_true", help="print only the JSON summary")
+    parser.add_argument("--work", help="folder for checkpoints, stores, outputs and logs")
+    parser.add_argument("--keep", action="store_true", help="keep every schedule's folder")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the emulators on a kill
+    work = Path(args.work or tempfile.mkdtemp(prefix="shardless-faults-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"bench.faults: working in {work}", file=sys.stderr)
+    emulators = local_aws.start("kinesalite", log_dir=work / "local-aws")
+    try:
+        summary = run_harness(
+            emulators,
+            args.schedules,
+            args.seed,
+            work,
+            keep=args.keep,
+            progress=lambda line: print(line, file=sys.stderr, flush=True),
+            first=args.first,
+        )
+    finally:
+        emulators.stop()
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(json.dumps({k: v for k, v in summary.items() if k != "per_schedule"}, indent=2))
+    return 1 if summary["divergences"] or summary["incomplete"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

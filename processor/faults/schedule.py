@@ -1,0 +1,160 @@
+"""Seeded fault schedules: which faults hit a run of the job, and when.
+
+A schedule is a pure function of (seed, index), so `--seed S` names the same plans on
+every machine; what the faults hit (which task was running, which request failed) is up to
+timing. Every schedule has one process kill, cycling driver → executor → Python worker so
+that any two consecutive schedules cover two kinds, plus AWS and Kinesis faults drawn at
+random, and maybe a second kill. A reshard happens only during recovery: between a driver
+kill and its restart.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from processor.fault_proxy import Rule
+
+DRIVER_KILL = "driver_kill"
+EXECUTOR_KILL = "executor_kill"
+WORKER_KILL = "worker_kill"
+RESHARD = "reshard"
+S3_ERRORS = "s3_errors"
+DYNAMODB_ERRORS = "dynamodb_errors"
+APPLIED_BUT_FAILED = "applied_but_failed"
+KINESIS_THROTTLE = "kinesis_throttle"
+KINESIS_EXPIRED_ITERATOR = "kinesis_expired_iterator"
+
+KILLS = (DRIVER_KILL, EXECUTOR_KILL, WORKER_KILL)
+REQUEST_FAULTS = (
+    S3_ERRORS,
+    DYNAMODB_ERRORS,
+    APPLIED_BUT_FAILED,
+    KINESIS_THROTTLE,
+    KINESIS_EXPIRED_ITERATOR,
+)
+KINDS = (*KILLS, RESHARD, *REQUEST_FAULTS)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """`kind`, applied `delay_s` after the job reports batch `after_batch` (-1: at start).
+
+    Request faults carry the proxy rules they install; they stay until the schedule ends."""
+
+    kind: str
+    after_batch: int
+    delay_s: float = 0.0
+    rules: tuple[Rule, ...] = ()
+
+    def describe(self) -> dict:
+        out: dict = {"kind": self.kind, "after_batch": self.after_batch}
+        if self.delay_s:
+            out["delay_s"] = round(self.delay_s, 2)
+        if self.rules:
+            out["rules"] = [
+                {k: v for k, v in vars(r).items() if v not in (None, False, 0.0)}
+                for r in self.rules
+            ]
+        return out
+
+
+@dataclass(frozen=True)
+class Schedule:
+    index: int
+    seed: int
+    shards: int
+    events: int  # produced before the job starts
+    more_events: int  # produced during recovery, after a driver kill (and reshard)
+    faults: tuple[Fault, ...] = field(default=())
+
+    @property
+    def kinds(self) -> list[str]:
+        return [f.kind for f in self.faults]
+
+    def describe(self) -> dict:
+        return {
+            "index": self.index,
+            "shards": self.shards,
+            "events": self.events,
+            "faults": [f.describe() for f in self.faults],
+        }
+
+
+def _request_fault(kind: str, after: int, rng: random.Random) -> Fault:
+    if kind == S3_ERRORS:
+        rules = (
+            Rule(
+                "s3",
+                rng.choice(["PutObject", "PutObject", "GetObject"]),
+                status=rng.choice([500, 503]),
+                probability=0.3,
+                times=rng.randint(2, 4),
+            ),
+        )
+    elif kind == DYNAMODB_ERRORS:
+        status, error = rng.choice(
+            [
+                (500, "InternalServerError"),
+                (400, "ProvisionedThroughputExceededException"),
+                (400, "ThrottlingException"),
+            ]
+        )
+        op = rng.choice([None, "TransactWriteItems", "BatchGetItem", "PutItem"])
+        rules = (
+            Rule(
+                "dynamodb", op, status=status, error=error, probability=0.2, times=rng.randint(2, 5)
+            ),
+        )
+    elif kind == APPLIED_BUT_FAILED:
+        service, op = rng.choice(
+            [("dynamodb", "TransactWriteItems"), ("dynamodb", "PutItem"), ("s3", "PutObject")]
+        )
+        rules = (Rule(service, op, status=500, after=True, times=1),)
+    elif kind == KINESIS_THROTTLE:
+        rules = (
+            Rule(
+                "kinesis",
+                "GetRecords",
+                error="ProvisionedThroughputExceededException",
+                probability=0.3,
+                times=rng.randint(3, 8),
+            ),
+        )
+    elif kind == KINESIS_EXPIRED_ITERATOR:
+        rules = (
+            Rule(
+                "kinesis",
+                "GetRecords",
+                error="ExpiredIteratorException",
+                probability=0.3,
+                times=rng.randint(2, 4),
+            ),
+        )
+    else:
+        raise ValueError(f"not a request fault: {kind!r}")
+    return Fault(kind, after, rules=rules)
+
+
+def draw(seed: int, index: int) -> Schedule:
+    """The schedule `index` of the run seeded `seed`."""
+    rng = random.Random(f"shardless-faults/{seed}/{index}")
+    primary = KILLS[index % len(KILLS)]
+    faults = [Fault(primary, rng.randint(0, 2), rng.uniform(0.2, 2.0))]
+    if primary == DRIVER_KILL and (index // len(KILLS)) % 2 == 0:
+        faults.append(Fault(RESHARD, faults[0].after_batch))  # between the kill and the restart
+    if rng.random() < 0.3:
+        second = rng.choice([k for k in KILLS if k != primary])
+        faults.append(
+            Fault(second, faults[0].after_batch + rng.randint(1, 2), rng.uniform(0.2, 2.0))
+        )
+    for kind in rng.sample(REQUEST_FAULTS, 2):
+        faults.append(_request_fault(kind, rng.randint(-1, 2), rng))
+    return Schedule(
+        index=index,
+        seed=seed,
+        shards=rng.choice([2, 2, 3]),
+        events=rng.randint(1200, 1800),
+        more_events=rng.randint(300, 600),
+        faults=tuple(sorted(faults, key=lambda f: (f.after_batch, f.kind not in KILLS))),
+    )

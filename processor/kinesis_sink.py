@@ -1,0 +1,229 @@
+"""A foreachBatch sink that puts a batch's outputs into a Kinesis stream: at least once,
+with keys to deduplicate by.
+
+    query = start(spark, handler, cfg, sink=kinesis_sink("user-activity-out"))
+
+Each output row becomes one record, JSON:
+
+    {"batch_id": 12, "seq": 73014444033, "key": "user-7", "value": {...the emitted value...}}
+
+with the row's `key` as partition key, so one key's outputs go to one shard. `seq` is
+unique within the batch: `slice * 2**32 +` the output's position among its slice's outputs.
+Both are fixed by the batch's input (a retried batch yields the same outputs for a
+deterministic handler), so `(batch_id, seq)` names an output for good.
+
+The records are written from the executors (`foreachPartition`), in PutRecords calls of at
+most 500 records and 5 MiB. When Kinesis fails some entries of a call (throttling,
+internal failures), only those are put again, after a jittered exponential backoff, up to
+`attempts` calls; then the task fails with `KinesisSinkError`, naming the stream, the batch
+and the error codes seen. Spark retries the task and, if that fails too, the batch: either
+way records already accepted are put again. Kinesis offers no conditional put, so this sink
+is at-least-once: consumers drop records whose `(batch_id, seq)` they have seen. Kinesis
+does not keep the order of records within a PutRecords call across retries either;
+consumers that need a key's outputs in order sort them by `(batch_id, seq)`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+from pyspark.sql import DataFrame
+
+from processor.errors import ConfigError, ProcessorError
+
+Sink = Callable[[DataFrame, int], None]  # as processor.job.Sink
+
+MAX_RECORDS_PER_CALL = 500
+MAX_BYTES_PER_CALL = 5 * 1024 * 1024
+MAX_RECORD_BYTES = 1024 * 1024  # data plus partition key
+MAX_PARTITION_KEY = 256
+COLUMNS = ("slice", "seq", "key", "value")
+# Whole-call failures worth another try; anything else (a missing stream, no permission,
+# a bad request) fails at once.
+RETRYABLE = frozenset(
+    {
+        "ProvisionedThroughputExceededException",
+        "LimitExceededException",
+        "ThrottlingException",
+        "KMSThrottlingException",
+        "InternalFailure",
+        "InternalFailureException",
+        "ServiceUnavailable",
+        "ServiceUnavailableException",
+    }
+)
+
+
+class KinesisSinkError(ProcessorError):
+    """Outputs could not be put into the sink's stream; the batch fails and is retried."""
+
+
+@dataclass(frozen=True)
+class SinkConfig:
+    stream: str
+    endpoint_url: str | None = None
+    attempts: int = 8
+    base_delay_s: float = 0.05
+    max_delay_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.stream:
+            raise ConfigError("kinesis_sink: give the name of the stream to put outputs into")
+        if self.attempts < 1:
+            raise ConfigError(f"kinesis_sink: attempts={self.attempts}: must be at least 1")
+        if self.base_delay_s < 0 or self.max_delay_s < self.base_delay_s:
+            raise ConfigError(
+                f"kinesis_sink: delays base={self.base_delay_s}s max={self.max_delay_s}s: "
+                "need 0 <= base <= max"
+            )
+
+
+def kinesis_sink(
+    stream: str,
+    *,
+    endpoint_url: str | None = None,
+    attempts: int = 8,
+    base_delay_s: float = 0.05,
+    max_delay_s: float = 2.0,
+) -> Sink:
+    """A sink for `processor.job.start` putting each batch's outputs into `stream`.
+
+    `endpoint_url`: a Kinesis endpoint for the executors (default: boto3's own, e.g.
+    AWS_ENDPOINT_URL_KINESIS). `attempts`: PutRecords calls per chunk of records before
+    the task fails; backoff between them is uniform in [0, min(max, base * 2**attempt)].
+    """
+    cfg = SinkConfig(stream, endpoint_url, attempts, base_delay_s, max_delay_s)
+
+    def write(df: DataFrame, batch_id: int) -> None:
+        missing = [c for c in COLUMNS if c not in df.columns]
+        if missing:
+            raise ConfigError(
+                f"kinesis_sink({stream!r}): the batch has no column(s) {missing}; it writes a "
+                f"shardless job's outputs (columns {list(COLUMNS)}), found {df.columns}"
+            )
+        df.select(*COLUMNS).foreachPartition(partial(put_rows, cfg, batch_id))
+
+    return write
+
+
+def record(batch_id: int, slice_id: int, seq: int, key: str | None, value: str) -> dict:
+    """The PutRecords entry for one output row."""
+    n = (int(slice_id) << 32) | int(seq)
+    try:
+        parsed: Any = json.loads(value)
+    except (TypeError, ValueError):
+        parsed = value
+    data = json.dumps(
+        {"batch_id": batch_id, "seq": n, "key": key, "value": parsed}, separators=(",", ":")
+    ).encode()
+    partition_key = key[:MAX_PARTITION_KEY] if key else f"{batch_id}:{n}"
+    size = len(data) + len(partition_key.encode())
+    if size > MAX_RECORD_BYTES:
+        raise KinesisSinkError(
+            f"output {n} of batch {batch_id} (key {key!r}) is {size} bytes as a Kinesis "
+            f"record; the limit is {MAX_RECORD_BYTES}: emit smaller values"
+        )
+    return {"Data": data, "PartitionKey": partition_key}
+
+
+def chunks(entries: Iterable[dict]) -> Iterator[list[dict]]:
+    """Entries in PutRecords-sized lists: at most 500 records and 5 MiB each."""
+    chunk: list[dict] = []
+    size = 0
+    for entry in entries:
+        n = len(entry["Data"]) + len(entry["PartitionKey"].encode())
+        if chunk and (len(chunk) == MAX_RECORDS_PER_CALL or size + n > MAX_BYTES_PER_CALL):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(entry)
+        size += n
+    if chunk:
+        yield chunk
+
+
+def put_rows(cfg: SinkConfig, batch_id: int, rows: Iterable[Any]) -> None:
+    """Put one Spark partition's output rows (runs on an executor)."""
+    kinesis = client(cfg.endpoint_url)
+    entries = (record(batch_id, r["slice"], r["seq"], r["key"], r["value"]) for r in rows)
+    for chunk in chunks(entries):
+        put_all(kinesis, cfg, batch_id, chunk)
+
+
+def put_all(
+    kinesis: Any,
+    cfg: SinkConfig,
+    batch_id: int,
+    entries: list[dict],
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """PutRecords until every entry is in, retrying only the failed ones; returns the
+    number of calls made. Raises KinesisSinkError after `cfg.attempts` calls."""
+    pending = entries
+    seen: Counter[str] = Counter()
+    for attempt in range(1, cfg.attempts + 1):
+        try:
+            out = kinesis.put_records(StreamName=cfg.stream, Records=pending)
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "Unknown")
+            if code not in RETRYABLE:
+                raise KinesisSinkError(
+                    f"cannot put records of batch {batch_id} into Kinesis stream "
+                    f"{cfg.stream!r}: {code}: {exc.response.get('Error', {}).get('Message')}"
+                ) from exc
+            seen[code] += len(pending)
+        except BotoCoreError as exc:  # connection refused, reset, timed out
+            seen[type(exc).__name__] += len(pending)
+        else:
+            results = out["Records"]
+            failed = [e for e, r in zip(pending, results, strict=True) if "ErrorCode" in r]
+            seen.update(r["ErrorCode"] for r in results if "ErrorCode" in r)
+            if not failed:
+                return attempt
+            pending = failed
+        if attempt < cfg.attempts:
+            sleep(random.uniform(0, min(cfg.max_delay_s, cfg.base_delay_s * 2**attempt)))
+    codes = ", ".join(f"{code} x{n}" for code, n in seen.most_common())
+    raise KinesisSinkError(
+        f"{len(pending)} of {len(entries)} records of batch {batch_id} could not be put into "
+        f"Kinesis stream {cfg.stream!r} after {cfg.attempts} attempts (failures: {codes}); "
+        "the batch fails and is retried, which may put records twice: consumers "
+        "deduplicate by (batch_id, seq)"
+    )
+
+
+_clients: dict[str, Any] = {}
+_lock = threading.Lock()
+
+
+def client(endpoint_url: str | None = None) -> Any:
+    """A Kinesis client per endpoint and process (executors reuse their Python workers)."""
+    key = endpoint_url or ""
+    with _lock:
+        found = _clients.get(key)
+        if found is None:
+            found = boto3.session.Session().client(
+                "kinesis",
+                endpoint_url=endpoint_url,
+                region_name=os.environ.get("AWS_REGION")
+                or os.environ.get("AWS_DEFAULT_REGION")
+                or "us-east-1",
+                config=Config(
+                    retries={"max_attempts": 3, "mode": "standard"},
+                    connect_timeout=5,
+                    read_timeout=30,
+                ),
+            )
+            _clients[key] = found
+        return found

@@ -1,0 +1,152 @@
+"""The Kinesis sink against kinesalite, with a fault proxy failing single PutRecords
+entries: every output lands, only failed entries are put again, a persistent failure names
+the stream and the codes, and the duplicates of a retried batch are dropped by
+(batch_id, seq)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from processor.faults.proxy import PartialFailure, Proxy
+from processor.kinesis_sink import (
+    MAX_BYTES_PER_CALL,
+    MAX_RECORDS_PER_CALL,
+    KinesisSinkError,
+    SinkConfig,
+    chunks,
+    kinesis_sink,
+    put_all,
+    record,
+)
+
+pytestmark = pytest.mark.slow
+
+SCHEMA = "slice int, batch_id long, seq int, key string, value string"
+
+
+def outputs(spark, n: int, batch_id: int, partitions: int = 3):  # noqa: ANN001, ANN201
+    """A batch's output rows as the job hands them to a sink: n outputs over 16 slices."""
+    rows = []
+    per_slice: Counter[int] = Counter()
+    for i in range(n):
+        s, key = i % 16, f"user-{i % 40}"
+        value = json.dumps({"user": key, "i": i})
+        rows.append((s, batch_id, per_slice[s], key, value))
+        per_slice[s] += 1
+    return spark.createDataFrame(rows, SCHEMA).repartition(partitions), rows
+
+
+def read_stream(kinesis, stream: str) -> list[tuple[str, dict]]:  # noqa: ANN001
+    """Every record of the stream as (partition key, decoded data)."""
+    found = []
+    for shard in kinesis.list_shards(StreamName=stream)["Shards"]:
+        it = kinesis.get_shard_iterator(
+            StreamName=stream, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON"
+        )["ShardIterator"]
+        while it:
+            out = kinesis.get_records(ShardIterator=it, Limit=10_000)
+            found += [(r["PartitionKey"], json.loads(r["Data"])) for r in out["Records"]]
+            it = out.get("NextShardIterator") if out["Records"] else None
+    return found
+
+
+def expected(rows: list[tuple]) -> dict[tuple[int, int], tuple[str, dict]]:
+    return {(b, (s << 32) | q): (k, json.loads(v)) for s, b, q, k, v in rows}
+
+
+@pytest.fixture
+def partial_proxy(aws):  # noqa: ANN001, ANN201
+    with Proxy(aws.kinesis_endpoint, seed=5) as proxy:
+        yield proxy
+
+
+def test_every_output_lands_once_keyed_and_numbered(spark, kinesis, make_stream):
+    stream = make_stream(3)
+    df, rows = outputs(spark, 1_300, batch_id=7)
+    kinesis_sink(stream, base_delay_s=0.001)(df, 7)
+    got = read_stream(kinesis, stream)
+    assert len(got) == len(rows)
+    by_id = {(d["batch_id"], d["seq"]): (pk, d) for pk, d in got}
+    assert len(by_id) == len(rows)  # (batch_id, seq) is unique within the batch
+    for ident, (key, value) in expected(rows).items():
+        pk, data = by_id[ident]
+        assert (pk, data["key"], data["value"]) == (key, key, value)
+
+
+def test_calls_hold_at_most_500_records_and_5_mib():
+    small = [record(1, 0, i, "k", "1") for i in range(1_201)]
+    assert [len(c) for c in chunks(small)] == [500, 500, 201]
+    big = [record(1, 0, i, "k", json.dumps("x" * 400_000)) for i in range(30)]
+    sizes = [sum(len(e["Data"]) + len(e["PartitionKey"]) for e in c) for c in chunks(big)]
+    assert len(sizes) == 3 and all(s <= MAX_BYTES_PER_CALL for s in sizes)
+    assert max(len(c) for c in chunks(big)) < MAX_RECORDS_PER_CALL
+
+
+def test_an_output_too_big_for_a_record_is_refused_with_its_coordinates():
+    with pytest.raises(KinesisSinkError, match=r"batch 3 \(key 'user-1'\) is \d+ bytes"):
+        record(3, 2, 5, "user-1", json.dumps("x" * (1024 * 1024)))
+
+
+def test_partial_failures_retry_only_the_failed_entries(spark, kinesis, make_stream, partial_proxy):
+    stream = make_stream(2)
+    partial_proxy.set_partial(PartialFailure(probability=0.3))
+    df, rows = outputs(spark, 1_200, batch_id=2)
+    kinesis_sink(stream, endpoint_url=partial_proxy.url, attempts=30, base_delay_s=0.001)(df, 2)
+    assert partial_proxy.entries_failed > 100 and partial_proxy.calls_altered >= 3
+    calls = partial_proxy.counts()[("kinesis", "PutRecords")]
+    assert calls > len(list(chunks(record(2, 0, i, "k", "1") for i in range(400)))) * 3
+    got = read_stream(kinesis, stream)
+    # failed entries never reached the stream and were put again alone: no duplicates
+    assert sorted((d["batch_id"], d["seq"]) for _, d in got) == sorted(expected(rows))
+
+
+def test_persistent_throttling_fails_the_batch_naming_stream_and_codes(
+    spark, make_stream, partial_proxy
+):
+    stream = make_stream(1)
+    partial_proxy.set_partial(PartialFailure(probability=1.0))
+    df, _ = outputs(spark, 10, batch_id=5, partitions=1)
+    with pytest.raises(Exception) as raised:
+        kinesis_sink(stream, endpoint_url=partial_proxy.url, attempts=3, base_delay_s=0.001)(df, 5)
+    message = str(raised.value)
+    assert "KinesisSinkError" in message
+    assert (
+        f"10 of 10 records of batch 5 could not be put into Kinesis stream '{stream}' after 3 "
+        "attempts (failures: ProvisionedThroughputExceededException x30)"
+    ) in message
+    assert partial_proxy.counts()[("kinesis", "PutRecords")] == 3
+
+
+def test_a_missing_stream_fails_at_once_with_the_code(aws):  # noqa: ANN001
+    import boto3
+
+    cfg = SinkConfig("no-such-stream", attempts=5, base_delay_s=0.001)
+    with pytest.raises(KinesisSinkError, match="'no-such-stream': ResourceNotFoundException"):
+        put_all(boto3.client("kinesis"), cfg, 1, [record(1, 0, 0, "k", "1")])
+
+
+def test_duplicates_of_a_retried_batch_and_lost_answers_are_dropped_by_batch_and_seq(
+    spark, kinesis, make_stream, partial_proxy
+):
+    """Entries written but reported failed are put again, and Spark running a batch again
+    puts all of it again: the stream holds duplicates, identical per (batch_id, seq)."""
+    stream = make_stream(2)
+    partial_proxy.set_partial(PartialFailure(probability=0.2, applied=True))
+    sink = kinesis_sink(stream, endpoint_url=partial_proxy.url, attempts=30, base_delay_s=0.001)
+    df, rows = outputs(spark, 600, batch_id=4)
+    sink(df, 4)
+    sink(df, 4)  # the batch again, as after a failure between the sink and the checkpoint
+    later, later_rows = outputs(spark, 100, batch_id=5)
+    sink(later, 5)
+    got = read_stream(kinesis, stream)
+    assert partial_proxy.entries_failed > 0
+    assert len(got) >= 2 * len(rows) + len(later_rows) + partial_proxy.entries_failed
+    deduplicated: dict[tuple[int, int], dict] = {}
+    for _, data in got:
+        ident = (data["batch_id"], data["seq"])
+        assert deduplicated.setdefault(ident, data) == data  # a duplicate is the same record
+    want = expected(rows) | expected(later_rows)
+    assert {k: (d["key"], d["value"]) for k, d in deduplicated.items()} == want
