@@ -12,7 +12,18 @@ The latest profile is the key's value. An order is emitted joined with it:
 Orders that arrive before any profile are buffered in the key's map state, up to
 `MAX_BUFFERED` per user, and emitted in arrival order when the profile arrives. An early
 order that finds the buffer full is emitted at once with `"profile": null`, not dropped.
-A later profile replaces the stored one and applies to later orders only.
+A later profile replaces the stored one and applies to later orders only. Records of any
+other `type` are ignored; a record without a `type` fails the batch (KeyError), so
+`shardless produce`'s events are not input for this app.
+
+Run it on the local emulators (`docs/getting-started.md`), with input from
+`examples/produce_orders.py`:
+
+    python examples/produce_orders.py --stream orders --users 50 --orders 2000
+    shardless run examples/enrichment.py --app enrich --stream orders --available-now \
+        --output /tmp/enrich-out
+    shardless state get --app enrich --key user-00001     # the profile (value)
+    shardless state get --app enrich --key user-00009     # buffered orders (map entries)
 """
 
 MAX_BUFFERED = 100

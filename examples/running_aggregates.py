@@ -7,6 +7,14 @@ emits the user's updated aggregate:
 
     {"user": "u1", "count": 3, "sum": 40.0, "min": 2.5, "max": 25.0, "mean": 13.33...,
      "categories": {"books": 2, "games": 1}}
+
+Run it on the local emulators (`docs/getting-started.md`); `shardless produce` writes
+such events (with more fields, which this app ignores):
+
+    shardless produce --stream clicks --events 2000 --users 50
+    shardless run examples/running_aggregates.py --app aggregates --stream clicks \
+        --available-now --output /tmp/aggregates-out
+    shardless state get --app aggregates --key user-00010   # the value and its map entries
 """
 
 

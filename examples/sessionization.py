@@ -1,18 +1,35 @@
 """User sessions that close after a processing-time inactivity gap.
 
-Each Kinesis record is a JSON event `{"user": "u1", "page": "/home"}` whose partition key
-is the user id. A user's open session lives in `ctx.state`; every event extends it and
-moves the key's single pending timer to `GAP_MS` after the batch's processing time. When
-the timer fires, the session is emitted and its state deleted:
+Input: JSON events with a `page` field, partition key = the user id, e.g.
+`{"user": "u1", "page": "/home"}`. `shardless produce` writes such events.
+
+A user's open session lives in `ctx.state`; every event extends it and moves the key's
+single pending timer to `GAP_MS` after the batch's processing time. When the timer fires,
+the session is emitted and its state deleted:
 
     {"user": "u1", "start_ms": <first arrival>, "end_ms": <last arrival>, "events": 3,
      "pages": ["/home", "/cart", "/checkout"]}
 
 An event that arrives once the gap has already passed (its batch runs at or after the
 pending timer, before the timer fires) closes the old session first and starts a new one.
+
+Run it on the local emulators (`docs/getting-started.md`); the gap is 30 minutes unless
+the environment variable SESSION_GAP_MS says otherwise (read once, where `shardless run`
+starts):
+
+    shardless produce --stream clicks --events 2000 --users 50
+    SESSION_GAP_MS=5000 shardless run examples/sessionization.py --app sessions \
+        --stream clicks --available-now --output /tmp/sessions-out
+    shardless state get --app sessions --key user-00010     # an open session
+
+Timers fire in batches that Spark runs: a second `--available-now` run, more than the gap
+later and with new records in the stream, closes every session of the first run; a
+continuous run (`--trigger '5 seconds'`) closes them without new records.
 """
 
-GAP_MS = 30 * 60_000
+import os
+
+GAP_MS = int(os.environ.get("SESSION_GAP_MS", 30 * 60_000))
 
 
 class Sessions:

@@ -2,7 +2,15 @@
 
 Each Kinesis record is a JSON event `{"user": ..., "ts": <epoch ms>, "action": ...}` whose
 partition key is the user id. The state of a user is `{"count": n, "last_seen": ts}`;
-every event emits the user's updated state.
+every event emits the user's updated state. It is the app that `make demo` runs.
+
+Run it on the local emulators (`docs/getting-started.md`); `shardless produce` writes
+such events:
+
+    shardless produce --stream clicks --events 2000 --users 50
+    shardless run examples/user_activity.py --app activity --stream clicks \
+        --available-now --output /tmp/activity-out
+    shardless state get --app activity --key user-00010
 """
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import random
 import runpy
+import time
+import uuid
 from collections import defaultdict
 from pathlib import Path
 
@@ -407,3 +410,205 @@ def test_enrichment_matches_a_model_on_random_input(seed):
         assert d.state(user) == profiles.get(user)
         stored = d.map_state(user)
         assert [stored[k] for k in sorted(stored)] == buffered.get(user, [])
+
+
+# -- each example as documented: `shardless produce`, `shardless run`, `shardless state` -------
+#
+# On the local emulators and real Spark, through the same command lines as the examples'
+# docstrings and docs/getting-started.md, compared with plain-Python models of what the
+# records read back from the stream should give.
+
+
+def shardless(*argv: str) -> None:
+    from processor import cli
+
+    assert cli.main(list(argv)) == 0, argv
+
+
+def stream_records(kinesis, stream: str) -> list[tuple[str, dict, int]]:  # noqa: ANN001
+    """Every record of the stream as (partition key, JSON data, arrival ms), read with plain
+    boto3; each shard's records in order, so each key's records are in produce order."""
+    out = []
+    for shard in kinesis.list_shards(StreamName=stream)["Shards"]:
+        it = kinesis.get_shard_iterator(
+            StreamName=stream, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON"
+        )["ShardIterator"]
+        while it:
+            got = kinesis.get_records(ShardIterator=it, Limit=10_000)
+            for r in got["Records"]:
+                arrival = int(r["ApproximateArrivalTimestamp"].timestamp() * 1000)
+                out.append((r["PartitionKey"], json.loads(r["Data"]), arrival))
+            if not got["Records"]:
+                break
+            it = got.get("NextShardIterator")
+    return out
+
+
+def run_example(
+    name: str, app: str, stream: str, tmp_path: Path, *options: str, out: str = "out"
+) -> None:
+    """`shardless run` of an example until the stream is drained; a second call goes on
+    from the first's checkpoint, with its outputs under `out`."""
+    shardless(
+        "run", str(EXAMPLES / name), "--app", app, "--stream", stream, "--available-now",
+        "--slices", "16", "--groups", "4", "--output", str(tmp_path / out),
+        "--checkpoint", str(tmp_path / "checkpoint"), "--local-dir", str(tmp_path / "stores"),
+        *options,
+    )  # fmt: skip
+
+
+def job_outputs(tmp_path: Path, out: str = "out") -> tuple[dict[str, list], int]:
+    """The job's outputs per key in emission order, and how many batches wrote them."""
+    import pandas as pd
+
+    df = pd.read_parquet(tmp_path / out)
+    df["batch_id"] = df["batch_id"].astype(int)
+    df = df.sort_values(["batch_id", "slice", "seq"])
+    outputs = by_key((k, json.loads(v)) for k, v in zip(df["key"], df["value"], strict=True))
+    return outputs, df["batch_id"].nunique()
+
+
+def exported_state(app: str, tmp_path: Path) -> tuple[dict[str, object], dict[str, dict]]:
+    """The application's committed state through `shardless state export`: values, maps."""
+    path = tmp_path / f"state-{uuid.uuid4().hex[:6]}.jsonl"
+    shardless("state", "export", "--app", app, "--format", "jsonl", "--out", str(path))
+    values: dict[str, object] = {}
+    maps: dict[str, dict] = defaultdict(dict)
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        if row["sub"] is None:
+            values[row["key"]] = row["value"]
+        else:
+            maps[row["key"]][row["sub"]] = row["value"]
+    return values, dict(maps)
+
+
+def fresh(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.mark.slow
+def test_running_aggregates_on_the_emulators_equal_a_fold_of_the_stream(
+    aws, spark, kinesis, tmp_path
+):
+    stream, app = fresh("clicks"), fresh("aggregates")
+    shardless("produce", "--stream", stream, "--shards", "2", "--events", "600", "--users", "30")
+    run_example("running_aggregates.py", app, stream, tmp_path, "--max-records-per-shard", "100")
+
+    expected: dict[str, list] = defaultdict(list)
+    amounts: dict[str, list] = defaultdict(list)
+    categories: dict[str, dict[str, int]] = defaultdict(dict)
+    for key, body, _ in stream_records(kinesis, stream):
+        amounts[key].append(body["amount"])
+        cats = categories[key]
+        cats[body["category"]] = cats.get(body["category"], 0) + 1
+        total = 0
+        for a in amounts[key]:
+            total += a
+        seen = amounts[key]
+        agg = {"count": len(seen), "sum": total, "min": min(seen), "max": max(seen)}
+        expected[key].append(
+            {"user": key, **agg, "mean": total / len(seen), "categories": {**cats}}
+        )
+    outputs, batches = job_outputs(tmp_path)
+    assert batches >= 3  # the state was carried from batch to batch
+    assert outputs == expected
+    values, maps = exported_state(app, tmp_path)
+    assert values == {
+        k: {n: v[-1][n] for n in ("count", "sum", "min", "max")} for k, v in expected.items()
+    }
+    assert maps == categories
+
+
+@pytest.mark.slow
+def test_dedup_on_the_emulators_emits_each_produced_event_once(aws, spark, kinesis, tmp_path):
+    stream, app = fresh("dups"), fresh("dedup")
+    for _ in range(2):  # the same seed twice: every event goes into the stream twice
+        shardless(
+            "produce", "--stream", stream, "--shards", "2", "--events", "300", "--users", "20"
+        )
+    run_example("dedup_ttl.py", app, stream, tmp_path)
+
+    records = stream_records(kinesis, stream)
+    expected: dict[str, list] = defaultdict(list)
+    accepted: dict[str, set] = defaultdict(set)
+    for key, body, _ in records:
+        if body["id"] not in accepted[key]:
+            accepted[key].add(body["id"])
+            expected[key].append(body)
+    assert len(records) == 600 and sum(map(len, expected.values())) == 300
+    outputs, _ = job_outputs(tmp_path)
+    assert outputs == expected
+    values, maps = exported_state(app, tmp_path)
+    assert values == {}
+    assert {k: set(m) for k, m in maps.items()} == accepted
+
+
+@pytest.mark.slow
+def test_enrichment_on_the_emulators_joins_orders_with_the_profile_in_state(
+    aws, spark, kinesis, tmp_path
+):
+    stream, app = fresh("orders"), fresh("enrich")
+    produce_orders = runpy.run_path(str(EXAMPLES / "produce_orders.py"))
+    assert produce_orders["main"](["--stream", stream, "--users", "20", "--orders", "400"]) == 0
+    run_example("enrichment.py", app, stream, tmp_path, "--max-records-per-shard", "60")
+
+    profiles: dict[str, dict] = {}
+    buffered: dict[str, list] = defaultdict(list)
+    expected: dict[str, list] = defaultdict(list)
+    for key, body, _ in stream_records(kinesis, stream):
+        if body["type"] == "profile":
+            profiles[key] = body
+            expected[key] += [
+                {"user": key, "order": o, "profile": body} for o in buffered.pop(key, [])
+            ]
+        elif key in profiles:
+            expected[key].append({"user": key, "order": body, "profile": profiles[key]})
+        else:
+            buffered[key].append(body)
+    assert profiles and buffered  # both paths: joined at once, and buffered
+    outputs, batches = job_outputs(tmp_path)
+    assert batches >= 3
+    assert outputs == expected
+    values, maps = exported_state(app, tmp_path)
+    assert values == profiles
+    assert {k: [m[s] for s in sorted(m)] for k, m in maps.items()} == dict(buffered)
+
+
+@pytest.mark.slow
+def test_sessionization_on_the_emulators_closes_every_session_in_the_next_run(
+    aws, spark, kinesis, tmp_path, monkeypatch
+):
+    """The getting-started path: a first run opens sessions; a second run, after the gap
+    and with records for some users only, closes all of them, by `process` for the users
+    with records and by `on_timer` for the others."""
+    gap_ms = 4000
+    monkeypatch.setenv("SESSION_GAP_MS", str(gap_ms))
+    stream, app = fresh("clicks"), fresh("sessions")
+    shardless("produce", "--stream", stream, "--shards", "2", "--events", "300", "--users", "20")
+    first = stream_records(kinesis, stream)
+    run_example("sessionization.py", app, stream, tmp_path, out="first")
+
+    def sessions(records) -> dict[str, dict]:  # noqa: ANN001
+        found: dict[str, dict] = {}
+        for key, body, arrival in records:
+            s = found.setdefault(key, {"start_ms": arrival, "events": 0, "pages": []})
+            s["end_ms"] = arrival
+            s["events"] += 1
+            s["pages"].append(body["page"])
+        return found
+
+    opened = sessions(first)
+    outputs, _ = job_outputs(tmp_path, "first")
+    assert outputs == {}  # nothing was due yet
+    assert exported_state(app, tmp_path)[0] == opened
+
+    time.sleep(gap_ms / 1000 + 0.5)  # every deadline (the first batch's time + gap) passes
+    shardless("produce", "--stream", stream, "--events", "40", "--users", "4", "--seed", "8")
+    second = [r for r in stream_records(kinesis, stream) if r not in first]
+    assert 0 < len({k for k, _, _ in second}) < len(opened)
+    run_example("sessionization.py", app, stream, tmp_path, out="second")
+
+    outputs, _ = job_outputs(tmp_path, "second")
+    assert outputs == {k: [{"user": k, **s}] for k, s in opened.items()}
+    assert exported_state(app, tmp_path)[0] == sessions(second)
