@@ -43,6 +43,8 @@ class Event:
         "_arrival",
         "_row",
         "data",
+        "value",
+        "decode_error",
     )
 
     def __init__(
@@ -67,6 +69,10 @@ class Event:
         self._arrival = arrival
         self._row = row
         self.data = data
+        # the decoded record (`--decoder`; the bytes with the default `raw`), and why the
+        # decoder could not read it when `--on-decode-error raw` passed it on anyway
+        self.value: Any = data
+        self.decode_error: str | None = None
 
     @property
     def arrival(self) -> datetime:

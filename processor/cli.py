@@ -75,6 +75,11 @@ def _run(args: argparse.Namespace) -> int:
         snapshot_every=args.snapshot_every,
         snapshot_log_mb=args.snapshot_log_mb,
         keep_snapshots=args.keep_snapshots,
+        decoder=args.decoder,
+        on_decode_error=args.on_decode_error,
+        on_handler_error=args.on_handler_error,
+        handler_retries=args.handler_retries,
+        dead_letter=args.dead_letter,
         **({"local_dir": args.local_dir} if args.local_dir else {}),
     )
     spark = session(args.master, groups=cfg.groups, app_name=f"shardless-{cfg.app}")
@@ -192,6 +197,37 @@ def parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--keep-snapshots", type=int, default=3, help="snapshots kept per slice for roll-back"
+    )
+    run.add_argument(
+        "--decoder",
+        choices=("raw", "utf8", "json"),
+        default="raw",
+        help="what event.value holds: the bytes, a str, or decoded JSON",
+    )
+    run.add_argument(
+        "--on-decode-error",
+        choices=("fail", "dead-letter", "raw"),
+        default="fail",
+        help="a record the decoder cannot read: fail the batch, set it aside, or pass the "
+        "bytes with event.decode_error set",
+    )
+    run.add_argument(
+        "--on-handler-error",
+        choices=("fail", "dead-letter"),
+        default="fail",
+        help="a record whose handler raises (after retries): fail the batch or set it aside "
+        "(its writes and outputs undone)",
+    )
+    run.add_argument(
+        "--handler-retries",
+        type=int,
+        default=0,
+        help="run a record whose handler raised again, up to this many times",
+    )
+    run.add_argument(
+        "--dead-letter",
+        help="s3://bucket/prefix or kinesis://stream for records set aside (default: the "
+        "application's bucket, <prefix>/dead-letter)",
     )
     run.add_argument("--master", default="local[2]")
     when = run.add_mutually_exclusive_group()

@@ -7,10 +7,12 @@ from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 from changelog.layout import AppLocation
+from processor.dead_letter import target
 from processor.errors import ConfigError
 from processor.kinesis.positions import check_starting
 from processor.kinesis.reader import CORRUPT_POLICIES as ON_CORRUPT_AGGREGATE
 from processor.kinesis.reader import POLICIES as ON_TRIMMED
+from processor.policies import RecordPolicy
 from state.slices import DEFAULT_SLICES, check_slices
 
 
@@ -29,6 +31,12 @@ class JobConfig:
     on_trimmed: fail | oldest: a source position older than the stream's retention.
     on_corrupt_aggregate: fail | skip: a KPL aggregate that does not decode.
     kinesis_endpoint: a Kinesis endpoint URL for this job's source (default: boto3's own).
+    decoder:    raw | utf8 | json: what `event.value` holds (`processor.policies`).
+    on_decode_error: fail | dead-letter | raw: a record the decoder cannot read.
+    on_handler_error: fail | dead-letter: a record whose handler raises (after retries).
+    handler_retries: attempts more for a record whose handler raises (writes undone).
+    dead_letter: s3://bucket/prefix or kinesis://stream for records set aside (default:
+                the application's bucket, under `<prefix>/dead-letter`).
     """
 
     app: str
@@ -55,6 +63,11 @@ class JobConfig:
     snapshot_every: int = 32
     snapshot_log_mb: int = 64
     keep_snapshots: int = 3
+    decoder: str = "raw"
+    on_decode_error: str = "fail"
+    on_handler_error: str = "fail"
+    handler_retries: int = 0
+    dead_letter: str | None = None
 
     def __post_init__(self) -> None:
         if not self.app or not all(c.isalnum() or c in "-_." for c in self.app):
@@ -69,6 +82,9 @@ class JobConfig:
         except ValueError as exc:
             raise ConfigError(f"--slices: {exc}") from exc
         self._check_source()
+        self.record_policy()  # raises ConfigError on a bad decoder or policy
+        if self.dead_letter is not None:
+            target(self.dead_letter)
         if self.value_format not in ("msgpack", "json", "raw", "pickle"):
             raise ConfigError(
                 f"value_format {self.value_format!r}: use msgpack (default), json, raw or pickle"
@@ -118,6 +134,11 @@ class JobConfig:
                     f"--kinesis-endpoint {self.kinesis_endpoint!r}: expected an http:// or "
                     "https:// URL such as http://127.0.0.1:4567"
                 )
+
+    def record_policy(self) -> RecordPolicy:
+        return RecordPolicy(
+            self.decoder, self.on_decode_error, self.on_handler_error, self.handler_retries
+        )
 
     @property
     def location(self) -> AppLocation:

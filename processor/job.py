@@ -197,6 +197,8 @@ def outputs(
             snapshot_log_bytes=cfg.snapshot_log_mb * 1024 * 1024,
             keep_snapshots=cfg.keep_snapshots,
             fixed_columns={c: v for c, v in fixed.items() if c not in columns},
+            policy=cfg.record_policy(),
+            dead_letter=cfg.dead_letter,
         ),
     )
     return grouped.groupBy("group").applyInPandasWithState(

@@ -47,8 +47,10 @@ from changelog.durable import DurableState, HeadConflictError, SliceCommit
 from changelog.layout import AppLocation, Head, SnapRef, new_uid, snapshot_due
 from changelog.snapshot import read_manifest, write_snapshot
 from processor.api import Event
+from processor.dead_letter import DeadLetter, target
 from processor.errors import ProcessorError
 from processor.handlers import HandlerFactory, handler_for
+from processor.policies import RecordPolicy
 from processor.stores import StoreCache, cache_for
 from processor.task import run_slice
 from state import encoding
@@ -81,6 +83,14 @@ class RuntimeConfig:
     # same value for every record, or None for `sequence_number`: the string of
     # `stream_order`.
     fixed_columns: dict[str, Any] = field(default_factory=dict)
+    # the decoder and what to do with records that cannot be decoded or processed
+    policy: RecordPolicy = field(default_factory=RecordPolicy)
+    # where records set aside go (`processor.dead_letter.target`); None: the application's
+    # bucket under `<prefix>/dead-letter`
+    dead_letter: str | None = None
+
+    def dead_letter_target(self) -> str:
+        return self.dead_letter or f"s3://{self.location.bucket}/{self.location.prefix}/dead-letter"
 
 
 _snapshot_lock = threading.Lock()
@@ -344,6 +354,8 @@ class GroupRunner:
         rows: list[tuple] = []
         commits: list[SliceCommit] = []
         deltas: list[tuple[list, list]] = []
+        letters: list[DeadLetter] = []
+        metrics["handler_retries"] = 0
         events = data.events
         for s, base, rerun in plans:
             head = stores[s][1]
@@ -351,9 +363,11 @@ class GroupRunner:
             lo, hi = spans.get(s, (0, 0))
             result = run_slice(
                 handler_for(self.handlers, s), tx, s, batch, now_ms, watermark_ms,
-                events[lo:hi], cfg.value_format, cfg.allow_pickle,
+                events[lo:hi], cfg.value_format, cfg.allow_pickle, cfg.policy,
             )  # fmt: skip
             metrics["timers_fired"] += result.timers_fired
+            letters += result.dead_letters
+            metrics["handler_retries"] += result.handler_retries
             if result.next_processing_timer is None and result.next_event_timer is None:
                 pending.pop(s, None)
             else:
@@ -364,6 +378,15 @@ class GroupRunner:
                 deltas.append((changes, tx.undo(changes)))
             rows += [("out", s, batch, j, k, _dumps(v)) for j, (k, v) in enumerate(result.outputs)]
         lap("process")
+        metrics["dead_letters"] = len(letters)
+        if letters:  # before the commit: a batch whose letters are not written is not done
+            where = target(cfg.dead_letter_target()).write(query, batch, group, letters)
+            log.warning(
+                "group %s batch %s: %d record(s) set aside in %s: %s",
+                group, batch, len(letters), where,
+                ", ".join(f"{x.coordinates} ({x.stage})" for x in letters[:20]),
+            )  # fmt: skip
+            lap("dead_letters")
         commits, metrics["snapshots"], metrics["snapshot_bytes"] = self._with_snapshots(
             commits, snapshots
         )

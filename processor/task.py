@@ -10,8 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from processor.api import Context, Event, Timer
+from processor.dead_letter import DeadLetter
+from processor.decoders import describe
 from processor.errors import ProcessorError
 from processor.handlers import SliceHandler
+from processor.policies import RecordPolicy
 from state import keys, timers, ttl
 from state.transaction import Transaction
 
@@ -29,6 +32,8 @@ class SliceResult:
     expired_purged: int = 0
     next_processing_timer: int | None = None
     next_event_timer: int | None = None
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    handler_retries: int = 0  # handler attempts that raised and were run again
 
 
 def run_slice(
@@ -41,7 +46,12 @@ def run_slice(
     events: Sequence[Event],
     value_format: int,
     allow_pickle: bool = False,
+    policy: RecordPolicy | None = None,
 ) -> SliceResult:
+    """Run the slice's records, then its due timers, in `tx`. With a `policy`, records are
+    decoded first and a record that cannot be decoded or whose handler keeps raising is
+    handled as the policy says (records set aside are in `dead_letters`)."""
+    policy = policy or _DEFAULT
     ctx = Context(slice_id, batch_id, tx, value_format, allow_pickle)
     ctx._clock(now_ms, watermark_ms)
     result = SliceResult(outputs=ctx._outputs)
@@ -54,20 +64,131 @@ def run_slice(
         tx.prefetch(db_keys.values())
     process = handler.process
     bind = ctx._bind
+    decode = policy.decode
+    guarded = policy.guarded
     for event in events:
+        if decode is not None and not _decoded(event, decode, policy, slice_id, batch_id, result):
+            continue
         bind(event.key, db_keys[event.key])
+        if guarded:
+            _guarded(process, event, ctx, tx, policy, slice_id, batch_id, result)
+            continue
         try:
             process(event, ctx)
         except Exception as exc:
             raise ProcessorError(
                 f"handler failed on record {event.coordinates()} (key {event.key!r}, slice "
-                f"{slice_id}, batch {batch_id}): {type(exc).__name__}: {exc}"
+                f"{slice_id}, batch {batch_id}): {type(exc).__name__}: {exc}; "
+                "--on-handler-error dead-letter sets such records aside, --handler-retries N "
+                "runs them again"
             ) from exc
     result.timers_fired = _fire_timers(handler, tx, ctx, now_ms, watermark_ms)
     result.expired_purged = ttl.purge(tx, now_ms, watermark_ms, TTL_PURGE_PER_BATCH)
     result.next_processing_timer = timers.next_due(tx, keys.PROCESSING)
     result.next_event_timer = timers.next_due(tx, keys.EVENT)
     return result
+
+
+_DEFAULT = RecordPolicy()
+
+
+def _letter(event: Event, slice_id: int, stage: str, exc: BaseException, attempts: int):  # noqa: ANN202
+    return DeadLetter(
+        event.stream,
+        event.shard,
+        event.sequence_number,
+        event.subsequence,
+        event.key,
+        slice_id,
+        event.data,
+        stage,
+        describe(exc),
+        attempts,
+    )
+
+
+def _decoded(
+    event: Event,
+    decode: Any,
+    policy: RecordPolicy,
+    slice_id: int,
+    batch_id: int,
+    result: SliceResult,
+) -> bool:
+    """Decode the record into `event.value`; False when it is set aside instead."""
+    try:
+        event.value = decode(event.data)
+        return True
+    except Exception as exc:
+        how = policy.on_decode_error
+        if how == "raw":
+            event.decode_error = describe(exc)
+            log.warning(
+                "slice %s batch %s: record %s (key %r) passed raw: the %s decoder cannot read "
+                "it: %s",
+                slice_id, batch_id, event.coordinates(), event.key, policy.decoder,
+                event.decode_error,
+            )  # fmt: skip
+            return True
+        if how == "dead-letter":
+            result.dead_letters.append(_letter(event, slice_id, "decode", exc, 1))
+            log.warning(
+                "slice %s batch %s: record %s (key %r) set aside: the %s decoder cannot read "
+                "it: %s",
+                slice_id, batch_id, event.coordinates(), event.key, policy.decoder, describe(exc),
+            )  # fmt: skip
+            return False
+        raise ProcessorError(
+            f"the {policy.decoder} decoder cannot read record {event.coordinates()} (key "
+            f"{event.key!r}, {len(event.data)} bytes, slice {slice_id}, batch {batch_id}): "
+            f"{describe(exc)}; --on-decode-error dead-letter sets such records aside, raw "
+            "passes them to the handler as bytes"
+        ) from exc
+
+
+def _guarded(
+    process: Any,
+    event: Event,
+    ctx: Context,
+    tx: Transaction,
+    policy: RecordPolicy,
+    slice_id: int,
+    batch_id: int,
+    result: SliceResult,
+) -> None:
+    """Run the handler on one record, undoing a failed attempt's writes and outputs; retry,
+    then set aside or fail, as the policy says."""
+    outputs = ctx._outputs
+    for attempt in range(1, policy.handler_retries + 2):
+        mark, emitted = tx.savepoint(), len(outputs)
+        try:
+            process(event, ctx)
+        except Exception as exc:
+            tx.rollback_to(mark)
+            del outputs[emitted:]
+            if attempt <= policy.handler_retries:
+                result.handler_retries += 1
+                log.warning(
+                    "slice %s batch %s: handler failed on record %s (attempt %s of %s), "
+                    "running it again: %s",
+                    slice_id, batch_id, event.coordinates(), attempt,
+                    policy.handler_retries + 1, describe(exc),
+                )  # fmt: skip
+                continue
+            if policy.on_handler_error == "dead-letter":
+                result.dead_letters.append(_letter(event, slice_id, "handler", exc, attempt))
+                log.warning(
+                    "slice %s batch %s: record %s (key %r) set aside after %s attempt(s): %s",
+                    slice_id, batch_id, event.coordinates(), event.key, attempt, describe(exc),
+                )  # fmt: skip
+                return
+            raise ProcessorError(
+                f"handler failed on record {event.coordinates()} (key {event.key!r}, slice "
+                f"{slice_id}, batch {batch_id}) after {attempt} attempt(s): "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        tx.release(mark)
+        return
 
 
 def _fire_timers(

@@ -24,7 +24,9 @@ from typing import Any
 
 from processor.api import Event, Timer
 from processor.app import load_handler
+from processor.dead_letter import DeadLetter
 from processor.handlers import HandlerFactory
+from processor.policies import RecordPolicy
 from processor.routing import route
 from processor.task import run_slice
 from state import encoding, keys, timers, ttl
@@ -45,7 +47,11 @@ class TestDriver:
         allowed_lateness_ms: int = 0,
         value_format: str = "msgpack",
         directory: str | Path | None = None,
+        policy: RecordPolicy | None = None,
     ) -> None:
+        """`policy`: the decoder and error policies of `shardless run` (`--decoder`,
+        `--on-decode-error`, `--on-handler-error`, `--handler-retries`); records set aside
+        are collected in `dead_letters` instead of being written anywhere."""
         if isinstance(handler, HandlerFactory):
             self.factory = handler
         elif isinstance(handler, str | Path):
@@ -67,6 +73,8 @@ class TestDriver:
         self.watermark_ms = -1
         self.batch_id = -1
         self.outputs: list[tuple[str, Any]] = []
+        self.policy = policy
+        self.dead_letters: list[DeadLetter] = []
 
     # -- input and clocks ----------------------------------------------------------------
 
@@ -103,8 +111,9 @@ class TestDriver:
             tx = Transaction(store)
             result = run_slice(
                 self._handler(s), tx, s, self.batch_id, self.now_ms, self.watermark_ms,
-                by_slice.get(s, []), self.fmt, self.allow_pickle,
+                by_slice.get(s, []), self.fmt, self.allow_pickle, self.policy,
             )  # fmt: skip
+            self.dead_letters += result.dead_letters
             changes = tx.changes()
             store.commit(changes, store.version + 1, tx.undo(changes))
             emitted += [(k, json.loads(json.dumps(v, default=str))) for k, v in result.outputs]
