@@ -52,7 +52,7 @@ def test_a_record_the_decoder_cannot_read_fails_the_batch_naming_it():
         d.run_batch()
 
 
-def test_dead_letter_sets_an_unreadable_record_aside_with_its_bytes_and_coordinates():
+def test_dead_letter_sets_an_unreadable_record_aside_with_its_bytes_and_coordinates(caplog):
     d = driver(on_decode_error="dead-letter")
     d.send("a", {"n": 1})
     d.send("a", b"\xff not json")
@@ -62,6 +62,7 @@ def test_dead_letter_sets_an_unreadable_record_aside_with_its_bytes_and_coordina
     assert (letter.stage, letter.data, letter.sequence_number) == ("decode", b"\xff not json", "2")
     assert letter.error.startswith("UnicodeDecodeError") or "JSONDecodeError" in letter.error
     assert d.state("a") == {"count": 2, "sum": 3}
+    assert "record test/shardId-000000000000/2.0 (key 'a') set aside" in caplog.text
 
 
 def test_raw_passes_an_unreadable_record_to_the_handler_with_why():
