@@ -34,16 +34,25 @@ def endpoint_for(service: str) -> str | None:
     return os.environ.get(f"AWS_ENDPOINT_URL_{env_name}") or os.environ.get("AWS_ENDPOINT_URL")
 
 
+def region(session: boto3.session.Session | None = None) -> str:
+    """AWS_REGION, else boto3's own choice (AWS_DEFAULT_REGION, then the profile's region in
+    ~/.aws/config), else us-east-1."""
+    found = os.environ.get("AWS_REGION")
+    if not found:
+        found = (session or boto3.session.Session()).region_name
+    return found or "us-east-1"
+
+
 def client(service: str, *, fail_fast: bool = False):  # noqa: ANN201 - boto3 clients are untyped
     """A cached client; the cache key includes the endpoint, so tests may switch emulators."""
     key = (service, fail_fast, endpoint_for(service) or "")
     with _lock:
         found = _clients.get(key)
         if found is None:
-            region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-            found = boto3.session.Session().client(
+            session = boto3.session.Session()
+            found = session.client(
                 service,
-                region_name=region or "us-east-1",
+                region_name=region(session),
                 config=_FAIL_FAST if fail_fast else _STEADY,
             )
             _clients[key] = found

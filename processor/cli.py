@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 from pathlib import Path
 
@@ -96,11 +97,21 @@ def _run(args: argparse.Namespace) -> int:
         query.awaitTermination()
     except Exception as exc:
         # Spark wraps a failed batch in pages of JVM trace; the cause is one of our lines.
-        for line in str(exc).splitlines():
-            if "processor.errors." in line or "changelog.errors." in line:
-                raise ProcessorError(line.split(": ", 1)[-1]) from exc
+        cause = our_error(str(exc))
+        if cause is not None:
+            raise ProcessorError(cause) from exc
         raise
     return 0
+
+
+_OUR_ERROR = re.compile(r"^\s*(?:processor|changelog|state)\.[\w.]+\.\w*(?:Error|Exception): (.+)$")
+
+
+def our_error(text: str) -> str | None:
+    """The message of the last shardless exception in a Spark failure's text (the Python
+    traceback's final line names the cause), or None."""
+    found = [m.group(1) for line in text.splitlines() if (m := _OUR_ERROR.match(line))]
+    return found[-1] if found else None
 
 
 def _produce(args: argparse.Namespace) -> int:
@@ -229,7 +240,11 @@ def parser() -> argparse.ArgumentParser:
         help="s3://bucket/prefix or kinesis://stream for records set aside (default: the "
         "application's bucket, <prefix>/dead-letter)",
     )
-    run.add_argument("--master", default="local[2]")
+    run.add_argument(
+        "--master",
+        help="Spark master (default: spark-submit's --master when launched by spark-submit, "
+        "else local[2])",
+    )
     when = run.add_mutually_exclusive_group()
     when.add_argument("--available-now", action="store_true", help="process what is there, stop")
     when.add_argument("--trigger", help="processing-time trigger, e.g. '5 seconds'")

@@ -13,18 +13,35 @@ from processor.state_source import StateDataSource
 _FORWARDED_ENV = ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION", "SHARDLESS_")
 
 
-def session(master: str = "local[2]", groups: int = 8, app_name: str = "shardless") -> SparkSession:
+DEFAULT_MASTER = "local[2]"
+
+
+def launched_by_spark_submit() -> bool:
+    """Whether spark-submit chose the master: this process runs under it (its JVM gateway
+    is already up), or PYSPARK_SUBMIT_ARGS passes `--master`."""
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return True
+    return "--master" in os.environ.get("PYSPARK_SUBMIT_ARGS", "").split()
+
+
+def session(
+    master: str | None = None, groups: int = 8, app_name: str = "shardless"
+) -> SparkSession:
     """Create (or reuse) the process's session, with the Kinesis and state sources registered.
 
+    `master` None: spark-submit's `--master` when launched by spark-submit (or given in
+    PYSPARK_SUBMIT_ARGS), else local[2].
     Workers must run this interpreter (its packages), and Python workers are reused so that
     slice stores stay open between batches.
     """
+    if master is None and not launched_by_spark_submit():
+        master = DEFAULT_MASTER
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    if master.startswith("local"):
+    if master is not None and master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    builder = SparkSession.builder.master(master)
-    if not master.startswith("local"):
+    builder = SparkSession.builder if master is None else SparkSession.builder.master(master)
+    if master is None or not master.startswith("local"):
         # Executors on other hosts reach the same endpoints and region as the driver.
         for name, value in os.environ.items():
             if name.startswith(_FORWARDED_ENV):

@@ -140,3 +140,32 @@ def test_snapshot_options_are_checked(option, value, message):
 
     with pytest.raises(ConfigError, match=message):
         JobConfig(app="a", streams=("s",), checkpoint="/tmp/c", **{option: value})
+
+
+def test_the_cause_of_a_failed_run_is_the_last_shardless_error_in_sparks_text():
+    from processor.cli import our_error
+
+    text = """pyspark.errors.exceptions.captured.StreamingQueryException: [STREAM_FAILED] ...
+Traceback (most recent call last):
+  File "/x/processor/task.py", line 70, in run_slice
+ValueError: boom
+The above exception was the direct cause of the following exception:
+processor.errors.ProcessorError: handler failed on record s/shardId-0/1.0: ValueError: boom
+	at org.apache.spark.api.python.BasePythonRunner...
+processor.dead_letter.DeadLetterError: cannot write 2 dead letters to s3://b/k: NoSuchBucket
+"""
+    assert our_error(text) == "cannot write 2 dead letters to s3://b/k: NoSuchBucket"
+    assert our_error(text.rsplit("\n", 2)[0]) == (
+        "handler failed on record s/shardId-0/1.0: ValueError: boom"
+    )
+    assert our_error("java.lang.RuntimeException: nothing of ours") is None
+
+
+def test_run_leaves_the_master_to_spark_submit_unless_given(monkeypatch):
+    from processor import spark as spark_mod
+
+    assert cli.parser().parse_args(["run", "app.py", "--app", "a", "--stream", "s"]).master is None
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1234")
+    assert spark_mod.launched_by_spark_submit()
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT")
+    assert not spark_mod.launched_by_spark_submit()

@@ -194,4 +194,4 @@ def test_cli_run_reports_a_failing_handler_in_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert err[-1].startswith("shardless: handler failed on record ")
-    assert "(key 'k', slice" in err[-1] and err[-1].endswith("ValueError: boom")
+    assert "(key 'k', slice" in err[-1] and "ValueError: boom; --on-handler-error" in err[-1]

@@ -216,3 +216,25 @@ def test_crashing_emulator_reports_its_log_and_stops_moto(
     assert "exited with code 3" in message and "boom: fake kinesalite" in message
     assert str(tmp_path / "logs" / "kinesalite.log") in message
     assert _child_pids() == children_before  # moto, started first, was stopped again
+
+
+def test_the_region_comes_from_the_environment_then_the_profile_then_us_east_1(
+    monkeypatch, tmp_path
+):
+    from changelog import aws as aws_mod
+
+    config = tmp_path / "config"
+    config.write_text("[default]\nregion = eu-west-3\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    assert aws_mod.region() == "eu-west-3"
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "ap-south-1")
+    assert aws_mod.region() == "ap-south-1"
+    monkeypatch.setenv("AWS_REGION", "sa-east-1")
+    assert aws_mod.region() == "sa-east-1"
+    config.write_text("")
+    monkeypatch.delenv("AWS_REGION")
+    monkeypatch.delenv("AWS_DEFAULT_REGION")
+    assert aws_mod.region() == "us-east-1"
