@@ -2,21 +2,29 @@
 
 One kinesalite (and moto for the source's batch ends in DynamoDB), one stream, one run:
 
-- **plain loop**: a stock boto3 client reading every shard from TRIM_HORIZON, one shard
-  after the other, GetRecords with Limit=10000 until the shard's tip. What a hand-written
-  consumer does, and the baseline of the goal.
+- **plain loop** (the baseline of the goal): a stock boto3 client reading every shard from
+  TRIM_HORIZON, one shard after the other, GetRecords with Limit=10000 until the shard's
+  tip. It keeps the limits the source keeps: at most 5 GetRecords calls per second per
+  shard, and it stops a shard where the source does (a short page with MillisBehindLatest
+  0). What a hand-written consumer does.
 - **plain loop, source client**: the same loop with the source's own client
-  (`processor.kinesis.client`: its cheap timestamp parser), to tell what the source gains
-  from the client apart from what it costs.
+  (`processor.kinesis.client`: its GetRecords parser), to tell what the source gains from
+  its client apart from what Spark and the batch protocol cost.
+- **plain loop, parallel**: the stock loop with one thread per shard, all shards at once
+  (the source reads shards in parallel too), for reference.
 - **source**: `format("shardless_kinesis")` in an availableNow query on Spark (`local[2]`),
   every record counted in `foreachBatch`; with the source's default batch bounds
-  (`maxRecordsPerShard` 10,000) and with larger ones.
+  (`maxRecordsPerShard` 10,000: one full GetRecords call per shard per batch) and with
+  larger ones (`--large-max-records`, 100,000).
 
-The kinds run interleaved, `--reps` times each, on the same records. Throughput of the
-source is its records over the time Spark spent in its batches (`triggerExecution`, which
-holds planning, the reads, Arrow conversion, the offset log and the batch-end records); the
-query's start-up (about 1-3 s) is reported apart (`*_wall_*`). The headline ratio is the
-median over reps of source / plain loop, each rep's pair measured back to back.
+The kinds run interleaved on the same records, `--reps` times: each rep runs the plain loop,
+the source and the plain loop again (the headline pair as close in time as possible: other
+work on the machine comes and goes), then the other kinds in an order that rotates from rep
+to rep. Throughput of the source is its records
+over the time Spark spent in its batches (`triggerExecution`, which holds planning, the
+reads, the rows' way into the JVM, the offset and commit logs and the batch-end records);
+the query's start-up (about 1-3 s) is reported apart (`*_wall_*`). The headline ratio is
+the median over reps of the source against the mean of the two plain loops around it.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -39,9 +48,11 @@ from typing import Any
 import boto3
 
 from processor import local_aws
+from processor.kinesis.reader import MIN_CALL_INTERVAL_S
 
 GOAL = 0.8
 STREAM = "bench-source"
+LIMIT = 10_000  # records per GetRecords call, Kinesis' maximum
 
 
 def produce(kinesis: Any, stream: str, records: int, record_bytes: int, keys: int) -> float:
@@ -59,23 +70,66 @@ def produce(kinesis: Any, stream: str, records: int, record_bytes: int, keys: in
     return time.perf_counter() - started
 
 
-def plain_loop(kinesis: Any, stream: str) -> dict[str, float]:
-    """Every record of every shard, one GetRecords loop per shard, one shard at a time."""
+def plain_loop(kinesis: Any, stream: str) -> dict[str, Any]:
+    """Every record of every shard, one GetRecords loop per shard, one shard at a time.
+
+    The loop keeps the limits the source keeps: at most 5 GetRecords calls per second per
+    shard (`MIN_CALL_INTERVAL_S` between the starts of two calls), Limit=10000, and it stops
+    a shard where the source would (a short page with MillisBehindLatest 0).
+    """
     started = time.perf_counter()
-    count = calls = 0
+    count = calls = paced = 0
     for shard in kinesis.list_shards(StreamName=stream)["Shards"]:
-        iterator = kinesis.get_shard_iterator(
-            StreamName=stream, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON"
-        )["ShardIterator"]
-        while iterator:
-            out = kinesis.get_records(ShardIterator=iterator, Limit=10_000)
-            calls += 1
-            count += len(out["Records"])
-            if not out["Records"] and out.get("MillisBehindLatest", 0) == 0:
-                break
-            iterator = out.get("NextShardIterator")
+        count_s, calls_s, paced_s = _read_one_shard(kinesis, stream, shard["ShardId"])
+        count, calls, paced = count + count_s, calls + calls_s, paced + paced_s
     seconds = time.perf_counter() - started
-    return {"records": count, "seconds": seconds, "records_per_s": count / seconds, "calls": calls}
+    return {
+        "records": count,
+        "seconds": seconds,
+        "records_per_s": count / seconds,
+        "calls": calls,
+        "paced_calls": paced,
+    }
+
+
+def plain_loop_parallel(kinesis: Any, stream: str) -> dict[str, Any]:
+    """The same loop with one thread per shard (all shards at once): what a hand-written
+    consumer gets from overlapping its calls, for reference."""
+    started = time.perf_counter()
+    shards = [s["ShardId"] for s in kinesis.list_shards(StreamName=stream)["Shards"]]
+    with ThreadPoolExecutor(max_workers=len(shards)) as pool:
+        results = list(pool.map(lambda s: _read_one_shard(kinesis, stream, s), shards))
+    seconds = time.perf_counter() - started
+    count = sum(r[0] for r in results)
+    return {
+        "records": count,
+        "seconds": seconds,
+        "records_per_s": count / seconds,
+        "calls": sum(r[1] for r in results),
+        "paced_calls": sum(r[2] for r in results),
+    }
+
+
+def _read_one_shard(kinesis: Any, stream: str, shard_id: str) -> tuple[int, int, int]:
+    """Records, GetRecords calls, and calls that waited for the pacing, of one shard."""
+    iterator = kinesis.get_shard_iterator(
+        StreamName=stream, ShardId=shard_id, ShardIteratorType="TRIM_HORIZON"
+    )["ShardIterator"]
+    count = calls = paced = 0
+    last_call = -MIN_CALL_INTERVAL_S
+    while iterator:
+        wait = last_call + MIN_CALL_INTERVAL_S - time.monotonic()
+        if wait > 0:
+            paced += 1
+            time.sleep(wait)
+        last_call = time.monotonic()
+        out = kinesis.get_records(ShardIterator=iterator, Limit=LIMIT)
+        calls += 1
+        count += len(out["Records"])
+        if len(out["Records"]) < LIMIT and out.get("MillisBehindLatest", 0) == 0:
+            break  # caught up with the stream
+        iterator = out.get("NextShardIterator")
+    return count, calls, paced
 
 
 def source_run(
@@ -141,6 +195,11 @@ def _median(runs: list[dict[str, Any]], name: str) -> float:
     return statistics.median(r[name] for r in runs)
 
 
+def _mid(values: list[float]) -> float:
+    """The median, rounded as the ratios are."""
+    return round(statistics.median(values), 3)
+
+
 def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from changelog import resources
     from changelog.layout import AppLocation
@@ -163,6 +222,7 @@ def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     kinds: dict[str, Callable[[], dict[str, Any]]] = {
         "plain": lambda: plain_loop(stock, STREAM),
         "plain_source_client": lambda: plain_loop(kinesis_client(), STREAM),
+        "plain_parallel": lambda: plain_loop_parallel(stock, STREAM),
         "source": lambda: source_run(
             spark, STREAM, loc.table, str(work / f"ck-{uuid.uuid4().hex}"), args.max_records
         ),
@@ -175,39 +235,48 @@ def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         ),
     }
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
+    baseline: list[float] = []  # per rep: the mean of the two plain loops around the source
+    load_before = os.getloadavg()[0]
+    others = ["plain_source_client", "plain_parallel", "source_large"]
     for rep in range(args.reps):
-        for name, run in kinds.items():
-            result = run()
+        # plain, source, plain: the headline pair as close in time as can be (other work on
+        # the machine comes and goes); then the other kinds, in an order that rotates.
+        turn = rep % len(others)
+        plains: list[float] = []
+        for name in ["plain", "source", "plain", *others[turn:], *others[:turn]]:
+            result = kinds[name]()
             if result["records"] != args.records:
                 raise RuntimeError(f"{name} read {result['records']} of {args.records} records")
             runs[name].append(result)
+            if name == "plain":
+                plains.append(result["records_per_s"])
             log(f"rep {rep + 1} {name}: {result['records_per_s']:,.0f} records/s")
+        baseline.append(statistics.mean(plains))
+    load_after = os.getloadavg()[0]
     spark.stop()
 
-    def ratios(name: str, base: str) -> list[float]:
-        return [
-            round(a["records_per_s"] / b["records_per_s"], 3)
-            for a, b in zip(runs[name], runs[base], strict=True)
-        ]
+    def ratios(name: str, base: str | None = None, field: str = "records_per_s") -> list[float]:
+        """Per rep, `name` against the rep's plain-loop baseline (or the rep's `base` run)."""
+        bases = baseline if base is None else [r["records_per_s"] for r in runs[base]]
+        return [round(a[field] / b, 3) for a, b in zip(runs[name], bases, strict=True)]
 
     out: dict[str, Any] = {
         "source_records_per_s": round(_median(runs["source"], "records_per_s")),
         "plain_loop_records_per_s": round(_median(runs["plain"], "records_per_s")),
-        "source_vs_plain_loop": statistics.median(ratios("source", "plain")),
-        "source_vs_plain_loop_runs": ratios("source", "plain"),
+        "source_vs_plain_loop": _mid(ratios("source")),
+        "source_vs_plain_loop_runs": ratios("source"),
         "source_wall_records_per_s": round(_median(runs["source"], "wall_records_per_s")),
-        "source_wall_vs_plain_loop": statistics.median(
-            round(a["wall_records_per_s"] / b["records_per_s"], 3)
-            for a, b in zip(runs["source"], runs["plain"], strict=True)
-        ),
+        "source_wall_vs_plain_loop": _mid(ratios("source", field="wall_records_per_s")),
         "plain_loop_source_client_records_per_s": round(
             _median(runs["plain_source_client"], "records_per_s")
         ),
-        "source_vs_plain_loop_source_client": statistics.median(
-            ratios("source", "plain_source_client")
+        "source_vs_plain_loop_source_client": _mid(ratios("source", "plain_source_client")),
+        "plain_loop_parallel_records_per_s": round(
+            _median(runs["plain_parallel"], "records_per_s")
         ),
+        "source_vs_plain_loop_parallel": _mid(ratios("source", "plain_parallel")),
         "source_large_batches_records_per_s": round(_median(runs["source_large"], "records_per_s")),
-        "source_large_batches_vs_plain_loop": statistics.median(ratios("source_large", "plain")),
+        "source_large_batches_vs_plain_loop": _mid(ratios("source_large")),
         "goal": {"source_vs_plain_loop": GOAL},
     }
     out["goal"]["met"] = out["source_vs_plain_loop"] >= GOAL
@@ -220,6 +289,8 @@ def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "max_records_per_shard": args.max_records,
         "large_max_records_per_shard": args.large_max_records,
         "reps": args.reps,
+        "get_records_limit": LIMIT,
+        "min_get_records_interval_s_per_shard": MIN_CALL_INTERVAL_S,
         "master": args.master,
         "emulator": "kinesalite " + _npm_version("kinesalite"),
         "produce_seconds": round(produce_s, 1),
@@ -227,7 +298,7 @@ def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "pyspark": version("pyspark"),
         "boto3": version("boto3"),
         "cpus": len(os.sched_getaffinity(0)),
-        "load_average_1m": round(os.getloadavg()[0], 2),
+        "load_average_1m_before_after": [round(load_before, 2), round(load_after, 2)],
     }
     return out
 
@@ -252,7 +323,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--record-bytes", type=int, default=100)
     parser.add_argument("--keys", type=int, default=10_000, help="distinct partition keys")
-    parser.add_argument("--reps", type=int, help="runs of each kind (default 3, quick 2)")
+    parser.add_argument("--reps", type=int, help="runs of each kind (default 5, quick 2)")
     parser.add_argument(
         "--max-records", type=int, default=10_000, help="the source's maxRecordsPerShard"
     )
@@ -262,7 +333,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--master", default="local[2]")
     args = parser.parse_args(argv)
     args.records = args.records or (60_000 if args.quick else 200_000)
-    args.reps = args.reps or (2 if args.quick else 3)
+    args.reps = args.reps or (2 if args.quick else 5)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the emulators on a kill
 
