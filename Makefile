@@ -48,10 +48,13 @@ $(STAMP_BENCH): $(STAMP_PY)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	touch $@
 
-# Every benchmark in bench/, each writing its JSON under bench/results/ (vs_spark: ~25 min).
+# Every benchmark in bench/, each writing its JSON under bench/results/ (vs_spark: ~25 min,
+# faults: ~75 min).
 bench: setup $(STAMP_BENCH)
 	$(PY) -m bench.state_loop --json > bench/results/state_loop.json
 	$(PY) -m bench.restore --json > bench/results/restore.json
+	$(PY) -m bench.source --json > bench/results/source.json
+	$(PY) -m bench.faults --schedules 30 --seed 7 --json > bench/results/faults.json
 	$(PY) -m bench.vs_spark --json > bench/results/vs_spark.json
 	$(PY) -m bench.chart bench/results/vs_spark.json bench/results/vs_spark.png
 
