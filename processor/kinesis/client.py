@@ -28,6 +28,8 @@ from botocore.config import Config
 from botocore.parsers import JSONParser, ResponseParserFactory
 from botocore.utils import parse_timestamp
 
+from changelog import aws
+
 _clients: dict[tuple[str, bool], Any] = {}
 _lock = threading.Lock()
 
@@ -91,9 +93,7 @@ def kinesis_client(endpoint: str | None = None, fail_fast: bool = False):  # noq
             found = session.client(
                 "kinesis",
                 endpoint_url=endpoint or None,
-                region_name=os.environ.get("AWS_REGION")
-                or os.environ.get("AWS_DEFAULT_REGION")
-                or "us-east-1",
+                region_name=aws.region(session),
                 config=Config(
                     retries={"max_attempts": 2 if fail_fast else 8, "mode": "standard"},
                     connect_timeout=2 if fail_fast else 5,
