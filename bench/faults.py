@@ -10,22 +10,27 @@ are compared with a plain-Python fold of the stream (`processor/faults/check.py`
 
 Prints one JSON object: `schedules`, `faults_by_kind` (faults that happened),
 `divergences` (schedules whose state or outputs differ from the fold: must be 0),
-`incomplete` (schedules that did not drain the stream in time), restore figures seen after
-kills, and one entry per schedule. One schedule takes about a minute on 2 cores.
+`incomplete` (schedules that did not drain the stream in time), `restores` (restore
+seconds and bytes from the job's batch metrics: every batch that restored a slice, and the
+batches right after an executor kill, whose slices were reassigned), and one entry per
+schedule. The summary so far is also kept in `<work>/summary.json` after every schedule.
+One schedule takes 1.5 to 4.5 minutes on 2 cores (a driver start alone is 30 to 90 s).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
 import signal
 import statistics
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +39,7 @@ import boto3
 from processor import local_aws
 from processor.faults import runner
 from processor.faults.proxy import Proxy
-from processor.faults.schedule import KILLS, KINDS, draw
+from processor.faults.schedule import KILLS, KINDS, Schedule, draw
 
 
 def run_harness(
@@ -43,10 +48,16 @@ def run_harness(
     seed: int,
     work: Path,
     keep: bool = False,
+    speculation: bool = False,
     progress: Callable[[str], None] | None = None,
     first: int = 0,
+    plans: list[Schedule] | None = None,
+    partial: Path | None = None,
 ) -> dict[str, Any]:
-    """Run schedules `first .. first+schedules-1` of `seed` against running emulators."""
+    """Run schedules `first .. first+schedules-1` of `seed` against running emulators, or
+    the given `plans` (then `schedules` and `first` are not used). With `partial`, the
+    summary so far is written there after every schedule (a long run cut short keeps its
+    results)."""
     started = time.monotonic()
     kinesis = boto3.session.Session().client(
         "kinesis",
@@ -57,17 +68,39 @@ def run_harness(
     )
     outcomes: list[runner.Outcome] = []
     with (
+        _aws_env(aws),
         Proxy(aws.s3_endpoint, seed=seed) as storage,
         Proxy(aws.kinesis_endpoint, seed=seed + 1) as kinesis_proxy,
     ):
-        env = runner.Env(kinesis, aws.env(), storage, kinesis_proxy, work, keep)
-        for index in range(first, first + schedules):
-            schedule = draw(seed, index)
+        env = runner.Env(kinesis, aws.env(), storage, kinesis_proxy, work, keep, speculation)
+        if plans is None:
+            plans = [draw(seed, index) for index in range(first, first + schedules)]
+        for schedule in plans:
             outcome = runner.run(env, schedule)
             outcomes.append(outcome)
             if progress is not None:
                 progress(_line(outcome))
-    return summarize(outcomes, seed, time.monotonic() - started)
+            if partial is not None:
+                so_far = summarize(outcomes, seed, time.monotonic() - started, speculation)
+                partial.write_text(json.dumps(so_far, indent=2) + "\n")
+    return summarize(outcomes, seed, time.monotonic() - started, speculation)
+
+
+@contextlib.contextmanager
+def _aws_env(aws: local_aws.LocalAws) -> Iterator[None]:
+    """The emulators' endpoints and dummy credentials in this process's environment while
+    the harness runs: its own checks (`check.verify`: the durable state rebuilt from S3 and
+    DynamoDB) use default boto3 clients, as the job does. Restored afterwards."""
+    saved = {k: os.environ.get(k) for k in aws.env()}
+    aws.apply_env()
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _line(o: runner.Outcome) -> str:
@@ -79,7 +112,9 @@ def _line(o: runner.Outcome) -> str:
     )
 
 
-def summarize(outcomes: list[runner.Outcome], seed: int, seconds: float) -> dict[str, Any]:
+def summarize(
+    outcomes: list[runner.Outcome], seed: int, seconds: float, speculation: bool = False
+) -> dict[str, Any]:
     happened: Counter[str] = Counter()
     broken: Counter[str] = Counter()
     for o in outcomes:
@@ -89,6 +124,7 @@ def summarize(outcomes: list[runner.Outcome], seed: int, seconds: float) -> dict
     return {
         "schedules": len(outcomes),
         "seed": seed,
+        "speculation": speculation,
         "divergences": sum(1 for o in outcomes if o.problems),
         "incomplete": sum(1 for o in outcomes if o.incomplete),
         "faults_by_kind": {k: happened[k] for k in KINDS},
@@ -100,6 +136,7 @@ def summarize(outcomes: list[runner.Outcome], seed: int, seconds: float) -> dict
         "requests_broken": dict(sorted(broken.items())),
         "driver_runs": sum(len(o.runs) for o in outcomes),
         "driver_failures_restarted": sum(len(o.failures) for o in outcomes),
+        "commit_conflicts_logged": sum(o.commit_conflicts for o in outcomes),
         "events": sum(o.events for o in outcomes),
         "batches": sum(len(o.batches) for o in outcomes),
         "restores": restore_figures(outcomes),
@@ -109,22 +146,30 @@ def summarize(outcomes: list[runner.Outcome], seed: int, seconds: float) -> dict
             for o in outcomes
             if o.problems
         ],
-        "per_schedule": [o.summary() for o in outcomes],
+        "per_schedule": [
+            o.summary() | {"restores_after_executor_kill": _figures(after_executor_kill(o))}
+            for o in outcomes
+        ],
     }
 
 
 def restore_figures(outcomes: list[runner.Outcome]) -> dict[str, Any]:
     """Restores from the batch reports: all batches that restored a slice with state, and
-    those in the first two batches a driver reported after an executor kill (its slices
-    reassigned to the other executor or to the replacement, rebuilt from S3)."""
-    every: list[dict] = []
-    after_kill: list[dict] = []
-    for o in outcomes:
-        every += [r for r in o.reports if r.get("restored_slices")]
-        for run in o.runs:
-            for at in run.kill_marks:
-                after_kill += [r for r in run.reports[at : at + 2] if r.get("restored_slices")]
+    those among the first two batches reported after an executor kill (by the same driver
+    or, when the batch failed and the driver was restarted, the next one): the killed
+    executor's slices, reassigned to the other executor or to its replacement and rebuilt
+    from S3."""
+    every = [r for o in outcomes for r in o.reports if r.get("restored_slices")]
+    after_kill = [r for o in outcomes for r in after_executor_kill(o)]
     return {"all": _figures(every), "after_executor_kill": _figures(after_kill)}
+
+
+def after_executor_kill(o: runner.Outcome) -> list[dict]:
+    """The batch reports with restores among the first two reported after each executor
+    kill of a schedule."""
+    reports = o.reports
+    near = sorted({i for at in o.kill_marks for i in range(at, min(at + 2, len(reports)))})
+    return [reports[i] for i in near if reports[i].get("restored_slices")]
 
 
 def _figures(reports: list[dict]) -> dict[str, Any]:
@@ -151,12 +196,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print only the JSON summary")
     parser.add_argument("--work", help="folder for checkpoints, stores, outputs and logs")
     parser.add_argument("--keep", action="store_true", help="keep every schedule's folder")
+    parser.add_argument(
+        "--speculation",
+        action="store_true",
+        help="turn Spark's speculative execution on (two attempts of a task race to commit)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the emulators on a kill
     work = Path(args.work or tempfile.mkdtemp(prefix="shardless-faults-"))
     work.mkdir(parents=True, exist_ok=True)
-    print(f"bench.faults: working in {work}", file=sys.stderr)
+    print(f"bench.faults: working in {work} (summary so far: summary.json)", file=sys.stderr)
     emulators = local_aws.start("kinesalite", log_dir=work / "local-aws")
     try:
         summary = run_harness(
@@ -165,8 +215,10 @@ def main(argv: list[str] | None = None) -> int:
             args.seed,
             work,
             keep=args.keep,
+            speculation=args.speculation,
             progress=lambda line: print(line, file=sys.stderr, flush=True),
             first=args.first,
+            partial=work / "summary.json",
         )
     finally:
         emulators.stop()

@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 import urllib3
 
-from changelog import aws, resources, snapshot
+from changelog import aws, resources, restore, snapshot
 from changelog.durable import DurableState, SliceCommit
 from changelog.layout import AppLocation, Head, encode_log, encode_snaps, plan_restore
 from changelog.restore import identity
@@ -52,7 +52,7 @@ from processor.grouping import group_slices
 from processor.handlers import HandlerFactory
 from processor.routing import route
 from processor.runtime import GroupRunner, RuntimeConfig
-from processor.stores import RESTORE_THREADS, StoreCache
+from processor.stores import StoreCache
 from state import encoding, keys
 from state.store import SliceStore
 
@@ -384,7 +384,9 @@ def large_restore(
             "slices": SLICES,
             "values_per_slice": values,
             "value_bytes": value_bytes,
-            "restore_threads": RESTORE_THREADS,
+            "manifests_ahead": restore.MANIFESTS_AHEAD,
+            "finish_threads": restore.FINISH_THREADS,
+            "open_after_transfers": restore.OPEN_AFTER_TRANSFERS,
             "file_threads": snapshot.FILE_THREADS,
             "download_threads": threads,
             "reps": reps,

@@ -18,6 +18,7 @@ checksum as it streams to disk), writes the inline files and opens the directory
 
 from __future__ import annotations
 
+import re
 import struct
 import threading
 import time
@@ -292,6 +293,7 @@ def _download_sst(loc: AppLocation, f: SstFile, dest: Path, on_bytes: OnBytes) -
     try:
         _check_header(body.read(_SST.size), f, where)
         got, written = 0, 0
+        dest.mkdir(parents=True, exist_ok=True)
         with open(dest / f.name, "wb", buffering=0) as out:
             while chunk := body.read(_CHUNK):
                 got = zlib.crc32(chunk, got)
@@ -319,22 +321,50 @@ def _inline_names(m: Manifest) -> None:
 def fetch_files(
     loc: AppLocation, m: Manifest, dest: Path, on_bytes: OnBytes = _ignore
 ) -> list[Future[int]]:
-    """Start downloading the snapshot's SST objects into `dest` (created) on the transfer
-    pool; each future gives the bytes written or the reason the object was refused."""
+    """Start materialising the snapshot into `dest` (created) on the transfer pool: its SST
+    objects downloaded, its inline files written. Each future gives the bytes written or
+    the reason an object was refused. The calling thread makes no system call: a thread
+    that gives up Python's GIL waits to get it back while the transfers run."""
     _inline_names(m)
-    dest.mkdir(parents=True, exist_ok=True)
     pool = file_pool()
-    return [pool.submit(_download_sst, loc, f, dest, on_bytes) for f in m.files]
+    files = [pool.submit(_download_sst, loc, f, dest, on_bytes) for f in m.files]
+    return [*files, pool.submit(write_inline, m, dest, on_bytes)]
+
+
+# A RocksDB MANIFEST records the database's id as a VersionEdit field: tag kDbId (8193,
+# varint 0x81 0x40), length 36, the id in UUID form.
+_DB_ID = re.compile(rb"\x81\x40\x24([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})")
+
+
+def identity_file(m: Manifest) -> bytes | None:
+    """The IDENTITY file RocksDB would write on opening the snapshot (the id its MANIFEST
+    records), or None when that is not clear. A checkpoint has no IDENTITY file; RocksDB
+    then writes one on open with two fsyncs, holding Python's GIL. One that disagrees with
+    the MANIFEST is simply rewritten by RocksDB."""
+    if "IDENTITY" in m.inline:
+        return None
+    found = {
+        db_id
+        for name, data in m.inline.items()
+        if name.startswith("MANIFEST-")
+        for db_id in _DB_ID.findall(data)
+    }
+    return found.pop() if len(found) == 1 else None
 
 
 def write_inline(m: Manifest, dest: Path, on_bytes: OnBytes = _ignore) -> int:
-    """Write the manifest's small files (CURRENT, MANIFEST-*, OPTIONS-*) into `dest`."""
+    """Write the manifest's small files (CURRENT, MANIFEST-*, OPTIONS-*) into `dest`, and
+    the IDENTITY file its MANIFEST implies (not counted: it was not fetched)."""
     _inline_names(m)
+    dest.mkdir(parents=True, exist_ok=True)
     total = 0
     for name, data in m.inline.items():
         (dest / name).write_bytes(data)
         on_bytes(len(data))
         total += len(data)
+    db_id = identity_file(m)
+    if db_id is not None:
+        (dest / "IDENTITY").write_bytes(db_id)
     return total
 
 
@@ -355,5 +385,4 @@ def download_snapshot(
     loc: AppLocation, m: Manifest, dest: Path, on_bytes: OnBytes = _ignore
 ) -> int:
     """Materialise the snapshot into the empty directory `dest`; return the bytes fetched."""
-    total = settle(fetch_files(loc, m, dest, on_bytes))
-    return total + write_inline(m, dest, on_bytes)
+    return settle(fetch_files(loc, m, dest, on_bytes))

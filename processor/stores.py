@@ -26,20 +26,25 @@ import logging
 import os
 import uuid
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import msgpack
 
 from changelog.durable import DurableState, owner_name
 from changelog.layout import Head, head_from_item, head_item
-from changelog.restore import Progress, RestoreStats, identity, plan, restore
+from changelog.restore import (
+    Progress,
+    RestoreJob,
+    RestoreStats,
+    identity,
+    plan,
+    restore,
+    restore_many,
+)
 from state.errors import CorruptStoreError
 from state.store import SliceStore
 
 log = logging.getLogger(__name__)
-
-RESTORE_THREADS = 8
 
 
 def _alive(pid: int) -> bool:
@@ -203,19 +208,13 @@ class StoreCache:
             return None
         return str(query), int(batch), heads
 
-    def acquire(
-        self,
-        slice_id: int,
-        head: Head | None,
-        target: int,
-        durable: DurableState,
-        progress: Progress | None = None,
-        owned: bool = False,
-    ) -> tuple[SliceStore, RestoreStats | None]:
-        """The slice's store at exactly version `target` (from `head`), and what it cost.
-
-        Unless this process `owned` the slice since its last commit, a local store is used
-        only if it holds the committed version: checked by the tag of its last commit."""
+    def _local(
+        self, slice_id: int, head: Head | None, target: int, owned: bool
+    ) -> SliceStore | None:
+        """The slice's local store as a starting point for `target`, or None: this
+        process's open one, else the one on disk (adopted from a dead worker if need be),
+        rolled back in place when it is one version ahead, and discarded when it does not
+        hold the committed version (unless this process `owned` the slice since)."""
         store = self._open.pop(slice_id, None)
         if store is not None and not store.exists_on_disk():
             log.warning("slice %s: local store %s vanished; rebuilding", slice_id, store.path)
@@ -238,11 +237,35 @@ class StoreCache:
             store.close()
             SliceStore.destroy(path)
             store = None
+        return store
+
+    def _job(self, slice_id: int, head: Head | None, target: int, owned: bool) -> RestoreJob | None:
+        """What it takes to bring the slice to `target`: None when its local store is
+        there already (then it is open in the cache), else a restore job."""
+        store = self._local(slice_id, head, target, owned)
         if store is not None and store.version == target:
             self._open[slice_id] = store
-            return store, None
+            return None
+        return RestoreJob(self._path(slice_id), self._identity(slice_id), head, target, store)
+
+    def acquire(
+        self,
+        slice_id: int,
+        head: Head | None,
+        target: int,
+        durable: DurableState,
+        progress: Progress | None = None,
+        owned: bool = False,
+    ) -> tuple[SliceStore, RestoreStats | None]:
+        """The slice's store at exactly version `target` (from `head`), and what it cost.
+
+        Unless this process `owned` the slice since its last commit, a local store is used
+        only if it holds the committed version: checked by the tag of its last commit."""
+        job = self._job(slice_id, head, target, owned)
+        if job is None:
+            return self._open[slice_id], None
         store, stats = restore(
-            path, self._identity(slice_id), durable, head, target, store, progress
+            job.path, job.identity, durable, job.head, job.target, job.store, progress
         )
         self._open[slice_id] = store
         log.info("slice %s: restored %s", slice_id, json.dumps(stats.to_dict()))
@@ -252,37 +275,57 @@ class StoreCache:
         self, wanted: list[tuple[int, Head | None, int]], durable: DurableState
     ) -> dict[int, tuple[SliceStore, Head | None, RestoreStats | None]]:
         """`acquire` several slices; returns each slice's store, its head (commit against
-        it) and its restore cost. Restores run in parallel."""
+        it) and its restore cost.
+
+        The slices that need one restore as one pipeline (`restore_many`: every transfer
+        on the transfer pool, the stores opened once the transfers are done). A slice that
+        fails is left with no store and no directory, the others restored; then the first
+        failure, in the order of `wanted`, is raised."""
         owned = {s for s, h, _ in wanted if self.owns(s, h)}
         ready = {s for s, _, v in wanted if s in owned and self._ready(s, v) is not None}
         heads = {s: h for s, h, _ in wanted}
-        todo = [(s, heads[s], v) for s, _, v in wanted if s not in ready]
-        progress = None
-        if todo:
+        errors: dict[int, Exception] = {}
+        jobs: list[RestoreJob] = []
+        try:
+            for s, h, v in wanted:
+                if s in ready:
+                    continue
+                try:
+                    job = self._job(s, h, v, s in owned)
+                except Exception as exc:  # noqa: BLE001 - raised below, after the others
+                    errors[s] = exc
+                    continue
+                if job is not None:
+                    jobs.append(job)
+        except BaseException:  # an interrupt: the local stores taken so far stay usable
+            for job in jobs:
+                if job.store is not None:
+                    self._open[job.slice] = job.store
+            raise
+        found: dict[int, RestoreStats] = {}
+        if jobs:
             total = 0
-            for s, h, v in todo:
-                store = self._open.get(s)
-                local = store.version if store is not None and store.version <= v else None
+            for job in jobs:
+                store = job.store
+                local = store.version if store is not None and store.version <= job.target else None
                 with contextlib.suppress(Exception):
-                    total += plan(h, local, v, durable).bytes
-            progress = Progress(total, len(todo))
-        found: dict[int, tuple[SliceStore, RestoreStats | None]] = {}
-        if len(todo) > 1:
-            with ThreadPoolExecutor(max_workers=min(RESTORE_THREADS, len(todo))) as pool:
-                futures = {
-                    s: pool.submit(self.acquire, s, h, v, durable, progress, s in owned)
-                    for s, h, v in todo
-                }
-                found = {s: f.result() for s, f in futures.items()}
-        else:
-            found = {s: self.acquire(s, h, v, durable, progress, s in owned) for s, h, v in todo}
-        if progress is not None and progress.total > 0:
-            log.info("%s", progress.line())
-        out = {}
+                    total += plan(job.head, local, job.target, durable).bytes
+            progress = Progress(total, len(jobs))
+            for done in restore_many(jobs, durable, progress):
+                s = done.job.slice
+                if done.error is not None:
+                    errors[s] = done.error
+                    continue
+                assert done.store is not None and done.stats is not None
+                self._open[s] = done.store
+                found[s] = done.stats
+                log.info("slice %s: restored %s", s, json.dumps(done.stats.to_dict()))
+            if progress.total > 0:
+                log.info("%s", progress.line())
         for s, _, _v in wanted:
-            store, stats = found[s] if s in found else (self._open[s], None)
-            out[s] = (store, heads[s], stats)
-        return out
+            if s in errors:
+                raise errors[s]
+        return {s: (self._open[s], heads[s], found.get(s)) for s, _, _v in wanted}
 
 
 _caches: dict[tuple[str, str, int], StoreCache] = {}

@@ -109,6 +109,12 @@ class Driver:
         self.poll()
         return max(len(hit), 1)
 
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
     def tail(self, lines: int = 15) -> str:
         try:
             text = self.log_path.read_text(errors="replace")

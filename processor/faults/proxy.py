@@ -19,6 +19,7 @@ from __future__ import annotations
 import http.client
 import json
 import random
+import sys
 import threading
 import uuid
 from collections import Counter
@@ -76,6 +77,22 @@ class Proxy(FaultProxy):
         with self._partial_lock:
             self._partial = partial
             self._partial_left = None if partial is None else partial.times
+
+    def start(self) -> str:
+        """As `FaultProxy.start`; a client killed mid-request (the harness kills drivers,
+        executors and Python workers) resets its connection: expected, not logged."""
+        url = super().start()
+        server = self._server
+        assert server is not None
+        default = server.handle_error
+
+        def handle_error(request: Any, client_address: Any) -> None:
+            if isinstance(sys.exc_info()[1], ConnectionResetError | BrokenPipeError):
+                return
+            default(request, client_address)
+
+        server.handle_error = handle_error  # type: ignore[method-assign]
+        return url
 
     def fired(self, rule: Rule) -> int:
         """How often `rule` (an equal rule) broke a request since the last `reset_counts`."""

@@ -57,9 +57,17 @@ MAX_RECORDS_PER_SHARD = 150
 SNAPSHOT_EVERY = 4
 MAX_RESTARTS_AFTER_FAILURE = 4
 SCHEDULE_TIMEOUT_S = 600
+CONFLICT_MARK = "lost to another writer"  # in `HeadConflictError`'s message
 # Spark settings for the job's driver: more task attempts than the default 4, since a
 # schedule may fail one task several times on purpose (kills, 5xx past boto3's retries).
 SUBMIT_ARGS = "--conf spark.task.maxFailures=8 pyspark-shell"
+# With `speculation`: Spark copies tasks that run longer than the others of their stage to
+# the other executor, so two attempts of one group's batch run at once and race to commit.
+SPECULATION_ARGS = (
+    "--conf spark.speculation=true --conf spark.speculation.interval=100ms "
+    "--conf spark.speculation.quantile=0.5 --conf spark.speculation.multiplier=1.2 "
+    "--conf spark.speculation.minTaskRuntime=200ms "
+)
 
 
 @dataclass
@@ -72,6 +80,7 @@ class Env:
     kinesis_proxy: Proxy
     work: Path
     keep: bool = False  # keep each schedule's folder even when it passed
+    speculation: bool = False  # Spark's speculative execution on (SPECULATION_ARGS)
 
 
 @dataclass
@@ -83,6 +92,11 @@ class Outcome:
     requests_broken: dict[str, int] = field(default_factory=dict)  # "service/op" -> count
     runs: list[Driver] = field(default_factory=list)  # every driver started, in order
     failures: list[str] = field(default_factory=list)  # drivers that ended in an error
+    # at each executor kill, how many batch reports (all drivers') had been seen
+    kill_marks: list[int] = field(default_factory=list)
+    # mentions in the drivers' logs of a commit that lost to another attempt's (a task
+    # failure may be logged more than once)
+    commit_conflicts: int = 0
     problems: list[str] = field(default_factory=list)  # divergences
     incomplete: str | None = None
     events: int = 0
@@ -113,6 +127,7 @@ class Outcome:
             "happened": self.faults,
             "requests_broken": self.requests_broken,
             "drivers": len(self.runs),
+            "commit_conflicts": self.commit_conflicts,
             "driver_failures": self.failures,
             "batches": len(self.batches),
             "restores": restores,
@@ -182,6 +197,7 @@ def run(env: Env, schedule: Schedule) -> Outcome:
         if fault.kind in KILLS:
             outcome.faults.append({"kind": fault.kind, "missed": "the run ended before it"})
     _count_requests(env, schedule, outcome)
+    outcome.commit_conflicts = sum(d.log_text().count(CONFLICT_MARK) for d in outcome.runs)
     if outcome.incomplete is None:
         processed = sum(r["records"] for r in outcome.batches.values())
         outcome.problems, outcome.events = check.verify(
@@ -215,7 +231,7 @@ def _start(env: Env, cfg: JobConfig, out_dir: Path, folder: Path, outcome: Outco
         "AWS_ENDPOINT_URL_S3": env.storage_proxy.url,
         "AWS_ENDPOINT_URL_DYNAMODB": env.storage_proxy.url,
         "AWS_ENDPOINT_URL_KINESIS": env.kinesis_proxy.url,
-        "PYSPARK_SUBMIT_ARGS": SUBMIT_ARGS,
+        "PYSPARK_SUBMIT_ARGS": (SPECULATION_ARGS if env.speculation else "") + SUBMIT_ARGS,
         "SPARK_LOCAL_IP": "127.0.0.1",
     }
     driver = Driver(args, env_vars, folder / f"driver-{len(outcome.runs) + 1}.log")
@@ -285,7 +301,9 @@ def _kill_executor(driver: Driver, cfg: JobConfig, rng: random.Random, outcome: 
     tree = procs.descendants(victim.pid)
     workers = [p.pid for p in tree if procs.PYSPARK_DAEMON in p.cmdline]
     batch = running_batch(Path(cfg.checkpoint))
+    driver.poll()
     driver.kill_marks.append(len(driver.reports))
+    outcome.kill_marks.append(len(outcome.reports))
     hit = procs.kill9([victim, *tree])
     lost = _lose_disk(Path(cfg.local_dir) / cfg.app, workers)
     outcome.happened[EXECUTOR_KILL] += 1
