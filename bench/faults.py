@@ -39,7 +39,7 @@ import boto3
 from processor import local_aws
 from processor.faults import runner
 from processor.faults.proxy import Proxy
-from processor.faults.schedule import KILLS, KINDS, Schedule, draw
+from processor.faults.schedule import KILLS, KINDS, Schedule, draw, with_stall
 
 
 def run_harness(
@@ -48,7 +48,7 @@ def run_harness(
     seed: int,
     work: Path,
     keep: bool = False,
-    speculation: bool = False,
+    stalls: bool = False,
     progress: Callable[[str], None] | None = None,
     first: int = 0,
     plans: list[Schedule] | None = None,
@@ -72,18 +72,20 @@ def run_harness(
         Proxy(aws.s3_endpoint, seed=seed) as storage,
         Proxy(aws.kinesis_endpoint, seed=seed + 1) as kinesis_proxy,
     ):
-        env = runner.Env(kinesis, aws.env(), storage, kinesis_proxy, work, keep, speculation)
+        env = runner.Env(kinesis, aws.env(), storage, kinesis_proxy, work, keep, stalls)
         if plans is None:
             plans = [draw(seed, index) for index in range(first, first + schedules)]
+            if stalls:
+                plans = [with_stall(p) for p in plans]
         for schedule in plans:
             outcome = runner.run(env, schedule)
             outcomes.append(outcome)
             if progress is not None:
                 progress(_line(outcome))
             if partial is not None:
-                so_far = summarize(outcomes, seed, time.monotonic() - started, speculation)
+                so_far = summarize(outcomes, seed, time.monotonic() - started, stalls)
                 partial.write_text(json.dumps(so_far, indent=2) + "\n")
-    return summarize(outcomes, seed, time.monotonic() - started, speculation)
+    return summarize(outcomes, seed, time.monotonic() - started, stalls)
 
 
 @contextlib.contextmanager
@@ -113,7 +115,7 @@ def _line(o: runner.Outcome) -> str:
 
 
 def summarize(
-    outcomes: list[runner.Outcome], seed: int, seconds: float, speculation: bool = False
+    outcomes: list[runner.Outcome], seed: int, seconds: float, stalls: bool = False
 ) -> dict[str, Any]:
     happened: Counter[str] = Counter()
     broken: Counter[str] = Counter()
@@ -124,7 +126,7 @@ def summarize(
     return {
         "schedules": len(outcomes),
         "seed": seed,
-        "speculation": speculation,
+        "stalls": stalls,
         "divergences": sum(1 for o in outcomes if o.problems),
         "incomplete": sum(1 for o in outcomes if o.incomplete),
         "faults_by_kind": {k: happened[k] for k in KINDS},
@@ -137,6 +139,9 @@ def summarize(
         "driver_runs": sum(len(o.runs) for o in outcomes),
         "driver_failures_restarted": sum(len(o.failures) for o in outcomes),
         "commit_conflicts_logged": sum(o.commit_conflicts for o in outcomes),
+        "batch_groups_committed_more_than_once": sum(
+            o.commit_attempts.get("batch_groups_committed_more_than_once", 0) for o in outcomes
+        ),
         "events": sum(o.events for o in outcomes),
         "batches": sum(len(o.batches) for o in outcomes),
         "restores": restore_figures(outcomes),
@@ -197,9 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", help="folder for checkpoints, stores, outputs and logs")
     parser.add_argument("--keep", action="store_true", help="keep every schedule's folder")
     parser.add_argument(
-        "--speculation",
+        "--stalls",
         action="store_true",
-        help="turn Spark's speculative execution on (two attempts of a task race to commit)",
+        help="add an executor stall to every schedule: the driver gives the executor up and "
+        "runs its tasks again, then the stalled Python workers resume as zombies",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
@@ -215,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             args.seed,
             work,
             keep=args.keep,
-            speculation=args.speculation,
+            stalls=args.stalls,
             progress=lambda line: print(line, file=sys.stderr, flush=True),
             first=args.first,
             partial=work / "summary.json",

@@ -15,14 +15,16 @@ Three checks, each a list of human-readable problems (empty when all is well):
 from __future__ import annotations
 
 import json
+import re
 import tempfile
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pyarrow.dataset as ds
 
+from changelog import aws
 from processor import demo
 from processor.config import JobConfig
 
@@ -120,3 +122,25 @@ def verify(
             f"the job's batch reports count {processed} records, the stream holds {total}"
         )
     return problems, total
+
+
+_SEGMENT = re.compile(r"changelog/(\d+)/g(\d+)-[^/]+\.seg$")
+
+
+def commit_attempts(cfg: JobConfig) -> dict[str, int]:
+    """How many changelog segments the job wrote, and for how many (batch, group) pairs
+    more than one: every attempt that reaches its commit writes its segment before the
+    DynamoDB transaction, so several segments of one pair are several attempts of that
+    group's batch that reached the commit (a task retried after a late failure, a
+    zombie, a re-run after a restart); at most one of them is referenced by the heads."""
+    loc = cfg.location
+    found: Counter[tuple[int, int]] = Counter()
+    pages = aws.client("s3").get_paginator("list_objects_v2")
+    for page in pages.paginate(Bucket=loc.bucket, Prefix=loc.key("changelog/")):
+        for obj in page.get("Contents", []):
+            if m := _SEGMENT.search(obj["Key"]):
+                found[(int(m.group(1)), int(m.group(2)))] += 1
+    return {
+        "segments": sum(found.values()),
+        "batch_groups_committed_more_than_once": sum(1 for n in found.values() if n > 1),
+    }

@@ -102,3 +102,22 @@ def kill9(procs: list[Proc], wait_s: float = 10.0) -> list[Proc]:
             break
         time.sleep(0.05)
     return hit
+
+
+def signal_all(procs: list[Proc], sig: signal.Signals) -> list[Proc]:
+    """Send `sig` to each process that is still the one recorded; those signalled."""
+    hit = []
+    for p in procs:
+        now = read(p.pid)
+        if now is None or now.started != p.started:
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p.pid, sig)
+            hit.append(p)
+    return hit
+
+
+def alive(p: Proc) -> bool:
+    """Whether `p` is still running (or stopped), not exited."""
+    now = read(p.pid)
+    return now is not None and now.started == p.started

@@ -12,6 +12,10 @@ a delay, so kills land while the next batch runs):
   directories removed (the executor's host is gone with its disk): its slices are
   restored from S3 wherever Spark runs them next;
 - worker_kill: kill -9 of one Python worker of an executor;
+- executor_stall (`--stalls` only): SIGSTOP of one executor JVM and its Python processes;
+  the driver gives the executor up after its network timeout and runs its tasks again
+  elsewhere; the Python processes are resumed first (zombies), the JVM later if it is
+  still there;
 - request faults: the schedule's proxy rules are installed.
 
 A driver that exits with an error (a batch failed past Spark's task retries) is restarted
@@ -25,6 +29,8 @@ import logging
 import os
 import random
 import shutil
+import signal
+import threading
 import time
 import uuid
 from collections import Counter
@@ -39,6 +45,7 @@ from processor.faults.proxy import Proxy
 from processor.faults.schedule import (
     DRIVER_KILL,
     EXECUTOR_KILL,
+    EXECUTOR_STALL,
     KILLS,
     RESHARD,
     WORKER_KILL,
@@ -61,12 +68,11 @@ CONFLICT_MARK = "lost to another writer"  # in `HeadConflictError`'s message
 # Spark settings for the job's driver: more task attempts than the default 4, since a
 # schedule may fail one task several times on purpose (kills, 5xx past boto3's retries).
 SUBMIT_ARGS = "--conf spark.task.maxFailures=8 pyspark-shell"
-# With `speculation`: Spark copies tasks that run longer than the others of their stage to
-# the other executor, so two attempts of one group's batch run at once and race to commit.
-SPECULATION_ARGS = (
-    "--conf spark.speculation=true --conf spark.speculation.interval=100ms "
-    "--conf spark.speculation.quantile=0.5 --conf spark.speculation.multiplier=1.2 "
-    "--conf spark.speculation.minTaskRuntime=200ms "
+# With `stalls`: an executor silent for 10 s is lost to the driver, which runs its tasks
+# again elsewhere while the stalled processes (stopped for 20 to 30 s) may still resume.
+STALL_ARGS = (
+    "--conf spark.network.timeout=10s --conf spark.network.timeoutInterval=2s "
+    "--conf spark.executor.heartbeatInterval=1s "
 )
 
 
@@ -80,7 +86,7 @@ class Env:
     kinesis_proxy: Proxy
     work: Path
     keep: bool = False  # keep each schedule's folder even when it passed
-    speculation: bool = False  # Spark's speculative execution on (SPECULATION_ARGS)
+    stalls: bool = False  # schedules may stall an executor (STALL_ARGS for the driver)
 
 
 @dataclass
@@ -97,6 +103,9 @@ class Outcome:
     # mentions in the drivers' logs of a commit that lost to another attempt's (a task
     # failure may be logged more than once)
     commit_conflicts: int = 0
+    commit_attempts: dict[str, int] = field(default_factory=dict)  # check.commit_attempts
+    stalled: list[procs.Proc] = field(default_factory=list)  # every process ever stopped
+    resumes: list[threading.Timer] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # divergences
     incomplete: str | None = None
     events: int = 0
@@ -128,6 +137,7 @@ class Outcome:
             "requests_broken": self.requests_broken,
             "drivers": len(self.runs),
             "commit_conflicts": self.commit_conflicts,
+            "commit_attempts": self.commit_attempts,
             "driver_failures": self.failures,
             "batches": len(self.batches),
             "restores": restores,
@@ -190,14 +200,22 @@ def run(env: Env, schedule: Schedule) -> Outcome:
                 break
             time.sleep(0.1)
     finally:
+        for timer in outcome.resumes:
+            timer.cancel()
+        procs.signal_all(outcome.stalled, signal.SIGCONT)
         driver.kill()
+        procs.kill9(outcome.stalled)  # orphans of an executor Spark removed while stopped
         for proxy in (env.storage_proxy, env.kinesis_proxy):
             proxy.clear()
     for _, fault in pending:
-        if fault.kind in KILLS:
+        if fault.kind in (*KILLS, EXECUTOR_STALL):
             outcome.faults.append({"kind": fault.kind, "missed": "the run ended before it"})
     _count_requests(env, schedule, outcome)
     outcome.commit_conflicts = sum(d.log_text().count(CONFLICT_MARK) for d in outcome.runs)
+    try:
+        outcome.commit_attempts = check.commit_attempts(cfg)
+    except Exception as exc:  # noqa: BLE001 - a figure, not a check
+        log.warning("%s: could not list the changelog segments: %s", app, exc)
     if outcome.incomplete is None:
         processed = sum(r["records"] for r in outcome.batches.values())
         outcome.problems, outcome.events = check.verify(
@@ -231,7 +249,7 @@ def _start(env: Env, cfg: JobConfig, out_dir: Path, folder: Path, outcome: Outco
         "AWS_ENDPOINT_URL_S3": env.storage_proxy.url,
         "AWS_ENDPOINT_URL_DYNAMODB": env.storage_proxy.url,
         "AWS_ENDPOINT_URL_KINESIS": env.kinesis_proxy.url,
-        "PYSPARK_SUBMIT_ARGS": (SPECULATION_ARGS if env.speculation else "") + SUBMIT_ARGS,
+        "PYSPARK_SUBMIT_ARGS": (STALL_ARGS if env.stalls else "") + SUBMIT_ARGS,
         "SPARK_LOCAL_IP": "127.0.0.1",
     }
     driver = Driver(args, env_vars, folder / f"driver-{len(outcome.runs) + 1}.log")
@@ -283,6 +301,8 @@ def _apply(
 ) -> None:
     if fault.kind == EXECUTOR_KILL:
         _kill_executor(driver, cfg, rng, outcome)
+    elif fault.kind == EXECUTOR_STALL:
+        _stall_executor(driver, cfg, fault, rng, outcome)
     elif fault.kind == WORKER_KILL:
         _kill_worker(driver, cfg, rng, outcome)
     else:
@@ -334,6 +354,52 @@ def _lose_disk(root: Path, pids: list[int]) -> int:
         lost += sum(1 for p in trash.iterdir() if p.name.startswith("slice-"))
         shutil.rmtree(trash, ignore_errors=True)
     return lost
+
+
+def _stall_executor(
+    driver: Driver, cfg: JobConfig, fault: Fault, rng: random.Random, outcome: Outcome
+) -> None:
+    """SIGSTOP one executor JVM and its Python processes; SIGCONT the Python processes
+    `fault.worker_stall_s` later and the JVM (unless Spark has killed it) `fault.stall_s`
+    later. The Python processes are resumed first on purpose: were they still stopped when
+    the JVM dies, their process group would be orphaned with stopped members and the
+    kernel would end them (SIGHUP) before they could act as zombies."""
+    executors = procs.executors(driver.pid)
+    if not executors:
+        outcome.faults.append({"kind": EXECUTOR_STALL, "missed": "no executor running"})
+        return
+    victim = rng.choice(executors)
+    tree = procs.descendants(victim.pid)
+    stopped = procs.signal_all([victim, *tree], signal.SIGSTOP)
+    if not stopped:
+        outcome.faults.append({"kind": EXECUTOR_STALL, "missed": "the executor had ended"})
+        return
+    python = [p for p in stopped if p.pid != victim.pid]
+    jvm = [p for p in stopped if p.pid == victim.pid]
+    outcome.stalled += stopped
+    outcome.happened[EXECUTOR_STALL] += 1
+    entry: dict[str, Any] = {
+        "kind": EXECUTOR_STALL,
+        "mid_batch": running_batch(Path(cfg.checkpoint)),
+        "python_processes": len(python),
+        "stall_s": round(fault.stall_s, 1),
+        "worker_stall_s": round(fault.worker_stall_s, 1),
+        "at": _now(outcome),
+    }
+    outcome.faults.append(entry)
+
+    def resume_python() -> None:
+        entry["python_resumed"] = len(procs.signal_all(python, signal.SIGCONT))
+        entry["executor_alive_at_python_resume"] = procs.alive(victim)
+
+    def resume_jvm() -> None:
+        entry["executor_alive_at_resume"] = bool(procs.signal_all(jvm, signal.SIGCONT))
+
+    for delay, action in ((fault.worker_stall_s, resume_python), (fault.stall_s, resume_jvm)):
+        timer = threading.Timer(delay, action)
+        timer.daemon = True
+        outcome.resumes.append(timer)
+        timer.start()
 
 
 def _kill_worker(driver: Driver, cfg: JobConfig, rng: random.Random, outcome: Outcome) -> None:

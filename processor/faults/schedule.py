@@ -11,7 +11,7 @@ kill and its restart.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from processor.fault_proxy import Rule
 
@@ -24,6 +24,7 @@ DYNAMODB_ERRORS = "dynamodb_errors"
 APPLIED_BUT_FAILED = "applied_but_failed"
 KINESIS_THROTTLE = "kinesis_throttle"
 KINESIS_EXPIRED_ITERATOR = "kinesis_expired_iterator"
+EXECUTOR_STALL = "executor_stall"  # only with `with_stall` (`--stalls`)
 
 KILLS = (DRIVER_KILL, EXECUTOR_KILL, WORKER_KILL)
 REQUEST_FAULTS = (
@@ -33,24 +34,31 @@ REQUEST_FAULTS = (
     KINESIS_THROTTLE,
     KINESIS_EXPIRED_ITERATOR,
 )
-KINDS = (*KILLS, RESHARD, *REQUEST_FAULTS)
+KINDS = (*KILLS, RESHARD, *REQUEST_FAULTS, EXECUTOR_STALL)
 
 
 @dataclass(frozen=True)
 class Fault:
     """`kind`, applied `delay_s` after the job reports batch `after_batch` (-1: at start).
 
-    Request faults carry the proxy rules they install; they stay until the schedule ends."""
+    Request faults carry the proxy rules they install; they stay until the schedule ends.
+    A stall stops an executor's JVM for `stall_s` and its Python processes for
+    `worker_stall_s`."""
 
     kind: str
     after_batch: int
     delay_s: float = 0.0
     rules: tuple[Rule, ...] = ()
+    stall_s: float = 0.0
+    worker_stall_s: float = 0.0
 
     def describe(self) -> dict:
         out: dict = {"kind": self.kind, "after_batch": self.after_batch}
         if self.delay_s:
             out["delay_s"] = round(self.delay_s, 2)
+        if self.stall_s:
+            out["stall_s"] = round(self.stall_s, 2)
+            out["worker_stall_s"] = round(self.worker_stall_s, 2)
         if self.rules:
             out["rules"] = [
                 {k: v for k, v in vars(r).items() if v not in (None, False, 0.0)}
@@ -158,3 +166,26 @@ def draw(seed: int, index: int) -> Schedule:
         more_events=rng.randint(300, 600),
         faults=tuple(sorted(faults, key=lambda f: (f.after_batch, f.kind not in KILLS))),
     )
+
+
+def with_stall(schedule: Schedule) -> Schedule:
+    """`schedule` plus an executor stall (drawn apart: the rest of the plan is unchanged).
+
+    The executor's JVM and its Python processes are stopped (SIGSTOP). The JVM stays
+    stopped longer than Spark's network timeout (`runner.STALL_ARGS`, 10 s): the driver
+    declares the executor lost, runs its tasks again on the other executor and has the
+    stalled JVM killed. The Python processes resume (SIGCONT) after 8 to 16 s, around the
+    time the new attempts start: a worker that had all of a group's input goes on as a
+    zombie and races the new attempt to commit. (Speculative execution cannot make the
+    second attempt here: Spark never runs a speculative copy on the host of the original
+    attempt, and both executors of `local-cluster` are on one host.)"""
+    rng = random.Random(f"shardless-faults-stall/{schedule.seed}/{schedule.index}")
+    stall = Fault(
+        EXECUTOR_STALL,
+        rng.randint(0, 2),
+        rng.uniform(0.2, 1.5),
+        stall_s=rng.uniform(20, 30),
+        worker_stall_s=rng.uniform(8, 16),
+    )
+    faults = sorted((*schedule.faults, stall), key=lambda f: (f.after_batch, f.kind not in KILLS))
+    return replace(schedule, faults=tuple(faults))
