@@ -26,7 +26,6 @@ consumers that need a key's outputs in order sort them by `(batch_id, seq)`.
 from __future__ import annotations
 
 import json
-import os
 import random
 import threading
 import time
@@ -41,6 +40,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from pyspark.sql import DataFrame
 
+from changelog import aws
 from processor.errors import ConfigError, ProcessorError
 
 Sink = Callable[[DataFrame, int], None]  # as processor.job.Sink
@@ -213,12 +213,11 @@ def client(endpoint_url: str | None = None) -> Any:
     with _lock:
         found = _clients.get(key)
         if found is None:
-            found = boto3.session.Session().client(
+            session = boto3.session.Session()
+            found = session.client(
                 "kinesis",
                 endpoint_url=endpoint_url,
-                region_name=os.environ.get("AWS_REGION")
-                or os.environ.get("AWS_DEFAULT_REGION")
-                or "us-east-1",
+                region_name=aws.region(session),
                 config=Config(
                     retries={"max_attempts": 3, "mode": "standard"},
                     connect_timeout=5,
