@@ -27,6 +27,7 @@ from changelog.restore import materialize
 from processor import local_aws
 from processor.config import JobConfig
 from processor.job import BatchReport, parquet_sink, start
+from processor.kinesis.shards import stream_records
 from processor.producer import ensure_stream, produce
 from state import encoding
 from state.keys import record_key
@@ -48,19 +49,12 @@ def reference_fold(kinesis, stream: str) -> tuple[dict[str, dict], int]:  # noqa
     """The expected state: the app's logic as a plain loop over the stream, shard by shard."""
     state: dict[str, dict] = {}
     total = 0
-    for shard in kinesis.list_shards(StreamName=stream)["Shards"]:
-        it = kinesis.get_shard_iterator(
-            StreamName=stream, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON"
-        )["ShardIterator"]
-        while it:
-            out = kinesis.get_records(ShardIterator=it, Limit=10_000)
-            for r in out["Records"]:
-                body = json.loads(r["Data"])
-                seen = state.setdefault(r["PartitionKey"], {"count": 0, "last_seen": 0})
-                seen["count"] += 1
-                seen["last_seen"] = max(seen["last_seen"], body["ts"])
-                total += 1
-            it = out.get("NextShardIterator") if out["Records"] else None
+    for r in stream_records(kinesis, stream):
+        body = json.loads(r["Data"])
+        seen = state.setdefault(r["PartitionKey"], {"count": 0, "last_seen": 0})
+        seen["count"] += 1
+        seen["last_seen"] = max(seen["last_seen"], body["ts"])
+        total += 1
     return state, total
 
 

@@ -428,20 +428,16 @@ def shardless(*argv: str) -> None:
 def stream_records(kinesis, stream: str) -> list[tuple[str, dict, int]]:  # noqa: ANN001
     """Every record of the stream as (partition key, JSON data, arrival ms), read with plain
     boto3; each shard's records in order, so each key's records are in produce order."""
-    out = []
-    for shard in kinesis.list_shards(StreamName=stream)["Shards"]:
-        it = kinesis.get_shard_iterator(
-            StreamName=stream, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON"
-        )["ShardIterator"]
-        while it:
-            got = kinesis.get_records(ShardIterator=it, Limit=10_000)
-            for r in got["Records"]:
-                arrival = int(r["ApproximateArrivalTimestamp"].timestamp() * 1000)
-                out.append((r["PartitionKey"], json.loads(r["Data"]), arrival))
-            if not got["Records"]:
-                break
-            it = got.get("NextShardIterator")
-    return out
+    from processor.kinesis.shards import stream_records as records
+
+    return [
+        (
+            r["PartitionKey"],
+            json.loads(r["Data"]),
+            int(r["ApproximateArrivalTimestamp"].timestamp() * 1000),
+        )
+        for r in records(kinesis, stream)
+    ]
 
 
 def run_example(

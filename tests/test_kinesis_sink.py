@@ -11,6 +11,7 @@ from collections import Counter
 import pytest
 
 from processor.faults.proxy import PartialFailure, Proxy
+from processor.kinesis.shards import stream_records
 from processor.kinesis_sink import (
     MAX_BYTES_PER_CALL,
     MAX_RECORDS_PER_CALL,
@@ -41,16 +42,7 @@ def outputs(spark, n: int, batch_id: int, partitions: int = 3):  # noqa: ANN001,
 
 def read_stream(kinesis, stream: str) -> list[tuple[str, dict]]:  # noqa: ANN001
     """Every record of the stream as (partition key, decoded data)."""
-    found = []
-    for shard in kinesis.list_shards(StreamName=stream)["Shards"]:
-        it = kinesis.get_shard_iterator(
-            StreamName=stream, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON"
-        )["ShardIterator"]
-        while it:
-            out = kinesis.get_records(ShardIterator=it, Limit=10_000)
-            found += [(r["PartitionKey"], json.loads(r["Data"])) for r in out["Records"]]
-            it = out.get("NextShardIterator") if out["Records"] else None
-    return found
+    return [(r["PartitionKey"], json.loads(r["Data"])) for r in stream_records(kinesis, stream)]
 
 
 def expected(rows: list[tuple]) -> dict[tuple[int, int], tuple[str, dict]]:

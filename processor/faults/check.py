@@ -27,6 +27,7 @@ import pyarrow.dataset as ds
 from changelog import aws
 from processor import demo
 from processor.config import JobConfig
+from processor.kinesis.shards import stream_records
 
 
 class _ParquetReader:
@@ -60,15 +61,8 @@ def output_values(path: str) -> list[str]:
 def stream_timestamps(kinesis: Any, stream: str) -> dict[str, list[int]]:
     """Per user, the `ts` of every event in the stream, sorted (= stream order, by design)."""
     found: dict[str, list[int]] = defaultdict(list)
-    for shard in kinesis.list_shards(StreamName=stream)["Shards"]:
-        it = kinesis.get_shard_iterator(
-            StreamName=stream, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON"
-        )["ShardIterator"]
-        while it:
-            out = kinesis.get_records(ShardIterator=it, Limit=10_000)
-            for r in out["Records"]:
-                found[r["PartitionKey"]].append(json.loads(r["Data"])["ts"])
-            it = out.get("NextShardIterator") if out["Records"] else None
+    for r in stream_records(kinesis, stream):
+        found[r["PartitionKey"]].append(json.loads(r["Data"])["ts"])
     return {user: sorted(ts) for user, ts in found.items()}
 
 

@@ -7,7 +7,9 @@ from a deeper shard of the same key always comes later in the stream.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from botocore.exceptions import ClientError
 
@@ -103,3 +105,17 @@ def vanished(shards: list[Shard], stream: str, positions: dict[str, dict]) -> li
         for key, position in positions.items()
         if key.startswith(prefix) and not position.get("done") and key not in listed
     )
+
+
+def stream_records(kinesis, stream: str) -> Iterator[dict[str, Any]]:  # noqa: ANN001
+    """Every record of `stream` as boto3 returns it, shard by shard from TRIM_HORIZON, each
+    shard's records in order: a plain read for checks and tools (reference folds), not the
+    source (no lineage order, no pacing, no positions)."""
+    for shard in kinesis.list_shards(StreamName=stream)["Shards"]:
+        it = kinesis.get_shard_iterator(
+            StreamName=stream, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON"
+        )["ShardIterator"]
+        while it:
+            out = kinesis.get_records(ShardIterator=it, Limit=10_000)
+            yield from out["Records"]
+            it = out.get("NextShardIterator") if out["Records"] else None
