@@ -5,7 +5,7 @@ a bounded purge of expired values. The same code runs under Spark and in the tes
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,7 +92,9 @@ def run_slice(
 _DEFAULT = RecordPolicy()
 
 
-def _letter(event: Event, slice_id: int, stage: str, exc: BaseException, attempts: int):  # noqa: ANN202
+def _letter(
+    event: Event, slice_id: int, stage: str, exc: BaseException, attempts: int
+) -> DeadLetter:
     return DeadLetter(
         event.stream,
         event.shard,
@@ -109,7 +111,7 @@ def _letter(event: Event, slice_id: int, stage: str, exc: BaseException, attempt
 
 def _decoded(
     event: Event,
-    decode: Any,
+    decode: Callable[[bytes], Any],
     policy: RecordPolicy,
     slice_id: int,
     batch_id: int,
@@ -147,7 +149,7 @@ def _decoded(
 
 
 def _guarded(
-    process: Any,
+    process: Callable[[Event, Context], None],
     event: Event,
     ctx: Context,
     tx: Transaction,
