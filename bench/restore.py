@@ -240,7 +240,8 @@ def fetch_list(loc: AppLocation, heads: dict[int, Head]) -> list[tuple[str, str 
 def plain_download(
     loc: AppLocation, objects: list[tuple[str, str | None]], dest: Path, threads: int
 ) -> tuple[float, int]:
-    """Seconds and bytes to fetch `objects` into files: the same client, no checks."""
+    """Seconds and bytes to fetch `objects` into files under `dest` (left there): the same
+    client, no checks of our own."""
     s3 = aws.client("s3")
     dest.mkdir(parents=True)
 
@@ -259,7 +260,6 @@ def plain_download(
     with ThreadPoolExecutor(threads) as pool:
         total = sum(pool.map(fetch, enumerate(objects)))
     seconds = time.perf_counter() - started
-    shutil.rmtree(dest)
     return seconds, total
 
 
@@ -326,6 +326,26 @@ def store_opens(root: Path) -> dict[str, float]:
     }
 
 
+def quiesce() -> None:
+    """Write out what earlier steps left dirty, so a timed step does not pay for it."""
+    os.sync()
+
+
+def keep_outputs(local: Path, reps: int, state_bytes: int) -> bool:
+    """Whether every rep's files can stay until the last rep is done (given the free space).
+
+    Deleting them between reps would tax the next timed step: on ext4 without a journal
+    (this machine's disk), creating a file skips every inode deleted in the last 60 s (360
+    s while its inode table block is dirty), checking each in turn. A restore creates about
+    12 files per slice against a download's 3, so the previous rep's clean-up costs it four
+    times as much; a new host restoring its slices has no such backlog."""
+    free = shutil.disk_usage(local).free
+    keep = free > 2 * reps * state_bytes * 1.2 + (2 << 30)
+    if not keep:
+        log(f"restore: {free / 1e9:.1f} GB free, so each rep's files are removed after it")
+    return keep
+
+
 def large_restore(
     tmp: Path, local: Path, slice_bytes: int, value_bytes: int, threads: int, reps: int, seed: int
 ) -> dict[str, Any]:
@@ -348,19 +368,26 @@ def large_restore(
     heads = durable.heads(list(range(SLICES)))
     objects = fetch_list(loc, heads)
     log(f"restore: built {SLICES} slices in {built:.1f}s; {len(objects)} objects to fetch")
+    keep = keep_outputs(local, reps, slice_bytes * SLICES)
     runs = []
     for rep in range(reps):  # interleaved, so machine noise hits both alike
+        quiesce()
         d_s, d_bytes = plain_download(loc, objects, local / f"download-{rep}", threads)
+        quiesce()
         r_s, r_bytes, stats, _ = restore_all(loc, SLICES, local / f"restore-{rep}")
         runs.append((d_bytes / 1e6 / d_s, r_bytes / 1e6 / r_s, r_s, r_bytes, d_bytes, stats))
         log(
             f"  rep {rep}: download {runs[-1][0]:.0f} MB/s, restore {runs[-1][1]:.0f} MB/s "
             f"({r_s:.2f}s)"
         )
-        if rep < reps - 1:
-            shutil.rmtree(local / f"restore-{rep}")
+        if not keep:
+            shutil.rmtree(local / f"download-{rep}")
+            if rep < reps - 1:
+                shutil.rmtree(local / f"restore-{rep}")
     opens = store_opens(local / f"restore-{reps - 1}")
-    shutil.rmtree(local / f"restore-{reps - 1}")
+    for rep in range(reps):
+        for name in (f"download-{rep}", f"restore-{rep}"):
+            shutil.rmtree(local / name, ignore_errors=True)
     # the run with the median ratio: per-run ratios are robust to a noisy neighbour
     download, restored, seconds, r_bytes, d_bytes, stats = sorted(runs, key=lambda r: r[1] / r[0])[
         reps // 2
@@ -390,6 +417,7 @@ def large_restore(
             "file_threads": snapshot.FILE_THREADS,
             "download_threads": threads,
             "reps": reps,
+            "kept_outputs_between_reps": keep,
         },
     }
 

@@ -16,11 +16,16 @@ _lock = threading.Lock()
 _clients: dict[tuple[str, bool, str], object] = {}
 
 # Standard mode retries throttling and 5xx with exponential backoff and full jitter.
+# Every object shardless reads back carries its own checksum, checked against what the
+# commit or the manifest recorded (segment sections, manifests, SST files), so botocore's
+# own CRC of each response (which cannot cover a ranged read anyway) would only repeat it.
+# Uploads keep botocore's checksum: S3 then refuses a body damaged on its way.
 _STEADY = Config(
     retries={"max_attempts": 8, "mode": "standard"},
     connect_timeout=5,
     read_timeout=60,
     max_pool_connections=32,
+    response_checksum_validation="when_required",
 )
 # For start-up checks: a wrong endpoint should fail in seconds, not minutes.
 _FAIL_FAST = Config(

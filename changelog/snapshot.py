@@ -352,6 +352,13 @@ def identity_file(m: Manifest) -> bytes | None:
     return found.pop() if len(found) == 1 else None
 
 
+def needed_on_open(name: str) -> bool:
+    """Whether a checkpoint's small file must exist for its store to open as it was.
+    RocksDB writes a new OPTIONS file and rocksdict its config file on every open from the
+    options it is given, so restoring the old ones would only cost two file creations."""
+    return not (name.startswith("OPTIONS-") or name == "rocksdict-config.json")
+
+
 def write_inline(m: Manifest, dest: Path, on_bytes: OnBytes = _ignore) -> int:
     """Write the manifest's small files (CURRENT, MANIFEST-*, OPTIONS-*) into `dest`, and
     the IDENTITY file its MANIFEST implies (not counted: it was not fetched)."""
@@ -359,6 +366,8 @@ def write_inline(m: Manifest, dest: Path, on_bytes: OnBytes = _ignore) -> int:
     dest.mkdir(parents=True, exist_ok=True)
     total = 0
     for name, data in m.inline.items():
+        if not needed_on_open(name):
+            continue
         (dest / name).write_bytes(data)
         on_bytes(len(data))
         total += len(data)

@@ -32,6 +32,9 @@ Change = tuple[bytes, bytes | None]
 def _options() -> Options:
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
+    # A slice store holds a few SST files. RocksDB's default opens them on up to 16 new
+    # threads, created and joined on every open: most of an open's CPU for a small store.
+    opts.set_max_file_opening_threads(1)
     return opts
 
 

@@ -138,3 +138,30 @@ def test_a_restored_snapshot_carries_the_identity_rocksdb_would_write(location, 
     assert done.error is None and done.store is not None
     assert (tmp_path / "r" / "IDENTITY").read_bytes().strip() == db_id
     assert dict(done.store.items()) == dict(writer.items())
+    done.store.close()
+
+
+def test_a_restore_leaves_out_the_files_rocksdb_rewrites_on_open(location, tmp_path):
+    """The snapshot's OPTIONS and rocksdict config files are in its manifest but not written
+    on restore: the open writes its own from the options it is given (two file creations
+    fewer per slice), and the store opens with the same contents."""
+    durable = DurableState(location)
+    writer = build(location, tmp_path, 8, 3, snapshot_at=2)
+    head = durable.heads([8])[8]
+    m = manifests.get(head.snaps[-1].key)
+    old_options = {n for n in m.inline if n.startswith("OPTIONS-")}
+    assert old_options and "rocksdict-config.json" in m.inline
+    manifests._items.clear()
+    (done,) = restore_many(
+        [RestoreJob(tmp_path / "r", identity(location.app, 8, SLICES), head, 3)], durable
+    )
+    assert done.error is None and done.store is not None
+    names = {p.name for p in (tmp_path / "r").iterdir()}
+    assert not names & old_options, "the snapshot's OPTIONS file was restored"
+    assert len([n for n in names if n.startswith("OPTIONS-")]) == 1  # the open's own
+    assert dict(done.store.items()) == dict(writer.items())
+    assert done.store.version == 3
+    done.store.close()
+    reopened = SliceStore(tmp_path / "r", identity(location.app, 8, SLICES))
+    assert reopened.version == 3 and dict(reopened.items()) == dict(writer.items())
+    reopened.close()
