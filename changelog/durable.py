@@ -145,6 +145,13 @@ class DurableState:
                 request = out.get("UnprocessedKeys") or {}
         return found
 
+    def cached(self, entry: LogEntry) -> bool:
+        """Whether `entry`'s segment is in the host's segment cache (it may still turn out
+        damaged: `read_changes` then reads S3)."""
+        return (
+            self.segment_cache is not None and (self.segment_cache / f"{entry.uid}.seg").is_file()
+        )
+
     def read_changes(self, slice_id: int, entry: LogEntry) -> list[Change]:
         """Fetch and verify one slice's section of a segment by byte range (from the local
         segment cache when it has the segment)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import boto3
@@ -165,3 +166,68 @@ def test_a_restore_leaves_out_the_files_rocksdb_rewrites_on_open(location, tmp_p
     reopened = SliceStore(tmp_path / "r", identity(location.app, 8, SLICES))
     assert reopened.version == 3 and dict(reopened.items()) == dict(writer.items())
     reopened.close()
+
+
+def test_a_catch_up_from_the_hosts_segments_runs_in_the_calling_thread(
+    location, tmp_path, monkeypatch
+):
+    """Another worker process of the host moved the slices on: each open store only needs
+    segments the host keeps, so restore_many applies them itself, with no transfer or
+    finishing thread; a slice whose segment is not on the host still goes through the
+    pipeline, and a damaged cached segment is read from S3 instead."""
+    from changelog import restore as restore_module
+    from changelog import snapshot as snapshot_module
+    from changelog.durable import SliceCommit
+
+    cached = DurableState(location, segment_cache=tmp_path / "segments")
+    stale = {
+        s: SliceStore(tmp_path / f"w-{s}", identity(location.app, s, SLICES)) for s in (1, 2, 3)
+    }
+    writers = {s: SliceStore(tmp_path / f"x-{s}", identity(location.app, s, SLICES)) for s in stale}
+    for v in (1, 2, 3):
+        heads = cached.heads(list(stale))
+        commits = [SliceCommit(s, v, heads.get(s), [kv(10 * s + v)]) for s in stale]
+        done = cached.commit("q", v, 0, commits)
+        for s in stale:
+            writers[s].commit([kv(10 * s + v)], v, tag=done.uid)
+            if v == 1:
+                stale[s].commit([kv(10 * s + v)], v, tag=done.uid)
+    heads = cached.heads(list(stale))
+    damaged = tmp_path / "segments" / f"{heads[1].log[1].uid}.seg"
+    damaged.write_bytes(damaged.read_bytes()[:-1] + b"?")
+
+    threads: list[str] = []
+    original = restore_module._finish
+
+    def spy(w, *args):
+        threads.append(threading.current_thread().name)
+        return original(w, *args)
+
+    monkeypatch.setattr(restore_module, "_finish", spy)
+
+    def no_transfers(*args, **kwargs):
+        raise AssertionError(f"a transfer was queued: {args}")
+
+    monkeypatch.setattr(snapshot_module.file_pool(), "submit", no_transfers)
+    jobs = [
+        RestoreJob(stale[s].path, identity(location.app, s, SLICES), heads[s], 3, stale[s])
+        for s in (1, 2)
+    ]
+    outcomes = restore_many(jobs, cached)
+    assert threads == [threading.current_thread().name] * 2
+    for o in outcomes:
+        assert o.error is None and o.store is stale[o.job.slice]
+        assert (o.stats.from_version, o.stats.segments, o.stats.snapshot_version) == (1, 2, None)
+        assert o.stats.seconds > 0
+        assert o.store.version == 3 and dict(o.store.items()) == dict(writers[o.job.slice].items())
+
+    monkeypatch.undo()
+    monkeypatch.setattr(restore_module, "_finish", spy)
+    threads.clear()
+    (tmp_path / "segments" / f"{heads[3].log[-1].uid}.seg").unlink()
+    assert not cached.cached(heads[3].log[-1])
+    job = RestoreJob(stale[3].path, identity(location.app, 3, SLICES), heads[3], 3, stale[3])
+    (o,) = restore_many([job], cached)
+    assert threads and threads[0].startswith("shardless-open")  # through the pipeline
+    assert o.error is None and o.store.version == 3
+    assert dict(o.store.items()) == dict(writers[3].items())
