@@ -308,3 +308,31 @@ def test_a_group_moving_to_another_worker_of_the_host_reads_no_heads_and_no_s3(
         m["from_version"] == 2 and m["to_version"] == 3 for m in metrics["restores"]
     )
     assert durable_counts(location) == Counter(KEYS)
+
+
+def test_the_cycle_collector_pauses_for_a_batch_and_freezes_the_worker_once(monkeypatch):
+    import gc
+
+    from processor import runtime
+
+    monkeypatch.setattr(runtime, "_frozen", False)
+    frozen_before = gc.get_freeze_count()
+    assert gc.isenabled()
+    try:
+        with runtime.no_cycle_collection():
+            assert not gc.isenabled()
+        assert gc.isenabled() and runtime._frozen
+        assert gc.get_freeze_count() > frozen_before  # the worker's objects, once
+        with runtime.no_cycle_collection():
+            assert not gc.isenabled()
+        assert gc.isenabled()
+        with pytest.raises(ValueError), runtime.no_cycle_collection():
+            raise ValueError("a failing batch")
+        assert gc.isenabled()  # back on after a failure
+        gc.disable()
+        with runtime.no_cycle_collection():
+            pass
+        assert not gc.isenabled()  # a caller that turned it off keeps it off
+    finally:
+        gc.enable()
+        gc.unfreeze()
