@@ -17,12 +17,14 @@ LABELS = {
     "apply_in_pandas_with_state": "applyInPandasWithState",
     "transform_with_state_in_pandas": "transformWithStateInPandas",
     "spark_sql_count": "Spark SQL groupBy().count() (JVM)",
+    "python_floor": "floor: shardless's plan, a no-op Python function",
 }
 COLOURS = {
     "shardless": "#1b9e77",
     "apply_in_pandas_with_state": "#7570b3",
     "transform_with_state_in_pandas": "#e7298a",
     "spark_sql_count": "#d95f02",
+    "python_floor": "#999999",
 }
 
 

@@ -606,7 +606,7 @@ def main(argv: list[str] | None = None) -> None:
         default=snapshot.FILE_THREADS,
         help="download threads of the baseline",
     )
-    parser.add_argument("--reps", type=int, help="restores of each kind (default 5, quick 3)")
+    parser.add_argument("--reps", type=int, help="restores of each kind (default 7, quick 3)")
     parser.add_argument("--batches", type=int, help="long history (default 1000, quick 200)")
     parser.add_argument("--keys-per-slice", type=int, default=20_000)
     parser.add_argument("--updates-per-slice", type=int, default=4, help="per history batch")
@@ -619,7 +619,7 @@ def main(argv: list[str] | None = None) -> None:
     slice_mb = args.slice_mb or (0.4 if args.quick else 4.0)
     batches = args.batches or (200 if args.quick else 1000)
     request_batches = args.request_batches or (17 if args.quick else 100)
-    reps = args.reps or (3 if args.quick else 5)
+    reps = args.reps or (3 if args.quick else 7)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the emulators on a kill
 

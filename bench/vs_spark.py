@@ -47,6 +47,7 @@ CONTENDERS = (
     "apply_in_pandas_with_state",
     "transform_with_state_in_pandas",
     "spark_sql_count",
+    "python_floor",
 )
 PANDAS = ("apply_in_pandas_with_state", "transform_with_state_in_pandas")
 WORKLOADS = {  # name: (distribution, distinct keys)
@@ -153,6 +154,25 @@ def _count_processor() -> Any:
     return CountProcessor()
 
 
+class FloorRunner:
+    """In shardless's plan in place of its runtime: reads a group's input and returns one
+    metrics row counting it, so the `python_floor` contender measures what Spark costs to
+    carry records to a Python function behind `applyInPandasWithState` and back (the
+    shuffle, Arrow, the Python worker, the operator's own state store), with no state."""
+
+    def __init__(self, handlers: Any, config: Any) -> None:
+        pass
+
+    def __call__(
+        self, key: tuple, pdfs: Iterator[pd.DataFrame], state: Any
+    ) -> Iterator[pd.DataFrame]:
+        from processor.runtime import _COLUMNS
+
+        n = sum(len(p) for p in pdfs)
+        row = ("metrics", -1, 0, 0, "", json.dumps({"records": n, "seconds": 0.0}))
+        yield pd.DataFrame([row], columns=_COLUMNS)
+
+
 def query_for(
     contender: str, spark: Any, src: Any, app: str, local_dir: str, slices: int = SLICES
 ) -> Any:
@@ -191,7 +211,15 @@ def query_for(
         local_dir=local_dir,
     )
     resources.ensure(cfg.location, cfg.slices)
-    return outputs(spark, HandlerFactory(counter), cfg, as_records(src, slices, "bench"))
+    records = as_records(src, slices, "bench")
+    if contender == "python_floor":
+        from unittest import mock
+
+        from processor import job
+
+        with mock.patch.object(job, "GroupRunner", FloorRunner):
+            return outputs(spark, HandlerFactory(counter), cfg, records)
+    return outputs(spark, HandlerFactory(counter), cfg, records)
 
 
 def cpu_seconds(pid: int | None) -> float:
@@ -283,6 +311,12 @@ def run(
     result = Run(contender)
 
     def check(batch: Any, batch_id: int) -> None:
+        if contender == "python_floor":
+            rows = batch.where("kind = 'metrics'").collect()
+            got, want = sum(json.loads(r.value)["records"] for r in rows), w.sizes[batch_id]
+            if got != want:
+                result.errors.append(f"batch {batch_id}: {got} records seen, not {want}")
+            return
         if contender == "shardless":
             metrics = [json.loads(r.value) for r in batch.where("kind = 'metrics'").collect()]
             got = sum(m["records"] for m in metrics)

@@ -99,8 +99,20 @@ def test_harness_runs_and_checks_spark_sql_and_shardless(spark, aws, tmp_path) -
     w = vs_spark.build("tiny", "uniform", 50, 600, 200, 2, tmp_path / "data")
     spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
     moto = aws.pids[0]
-    for contender in ("spark_sql_count", "shardless"):  # shardless: 256 slices, as benchmarked
+    # shardless: 256 slices, as benchmarked; the floor: its plan with a no-op function
+    for contender in ("spark_sql_count", "shardless", "python_floor"):
         summary = vs_spark.run(contender, spark, w, 3, tmp_path, moto).summary()
         assert summary["errors"] == [], contender
         assert summary["measured_records"] == 400 and summary["warmup_records"] == 200
         assert summary["records_per_s"] > 0
+
+
+def test_the_floor_runner_counts_its_input_and_keeps_no_state() -> None:
+    import pandas as pd
+
+    from processor.runtime import _COLUMNS
+
+    frames = [pd.DataFrame({"partition_key": ["a", "b"]}), pd.DataFrame({"partition_key": ["c"]})]
+    (out,) = vs_spark.FloorRunner(None, None)(("g",), iter(frames), None)
+    assert list(out.columns) == _COLUMNS and list(out.kind) == ["metrics"]
+    assert json.loads(out.value[0])["records"] == 3
