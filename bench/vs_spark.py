@@ -196,7 +196,10 @@ def query_for(
             .groupBy("partition_key")
             .transformWithStateInPandas(_count_processor(), out_schema, "Update", "None")
         )
+    from unittest import mock
+
     from changelog import resources
+    from processor import job
     from processor.config import JobConfig
     from processor.handlers import HandlerFactory
     from processor.job import as_records, outputs
@@ -212,14 +215,10 @@ def query_for(
     )
     resources.ensure(cfg.location, cfg.slices)
     records = as_records(src, slices, "bench")
-    if contender == "python_floor":
-        from unittest import mock
-
-        from processor import job
-
-        with mock.patch.object(job, "GroupRunner", FloorRunner):
-            return outputs(spark, HandlerFactory(counter), cfg, records)
-    return outputs(spark, HandlerFactory(counter), cfg, records)
+    # the floor: the same plan, built with FloorRunner where the runtime would be
+    runner = FloorRunner if contender == "python_floor" else job.GroupRunner
+    with mock.patch.object(job, "GroupRunner", runner):
+        return outputs(spark, HandlerFactory(counter), cfg, records)
 
 
 def cpu_seconds(pid: int | None) -> float:

@@ -18,7 +18,8 @@ _clients: dict[tuple[str, bool, str], object] = {}
 # Standard mode retries throttling and 5xx with exponential backoff and full jitter.
 # Every object shardless reads back carries its own checksum, checked against what the
 # commit or the manifest recorded (segment sections, manifests, SST files), so botocore's
-# own CRC of each response (which cannot cover a ranged read anyway) would only repeat it.
+# own CRC of each response (which cannot cover a ranged read anyway) would only repeat it;
+# the garbage collector's pending list, which has none, asks for it (ChecksumMode).
 # Uploads keep botocore's checksum: S3 then refuses a body damaged on its way.
 _STEADY = Config(
     retries={"max_attempts": 8, "mode": "standard"},

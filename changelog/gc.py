@@ -80,7 +80,12 @@ def _listing(loc: AppLocation) -> dict[str, tuple[int, int]]:
 
 def _load_pending(loc: AppLocation) -> dict[str, int]:
     try:
-        raw = aws.client("s3").get_object(Bucket=loc.bucket, Key=pending_key(loc))["Body"].read()
+        # The one object read back without a checksum of its own: ask S3 for its CRC.
+        raw = (
+            aws.client("s3")
+            .get_object(Bucket=loc.bucket, Key=pending_key(loc), ChecksumMode="ENABLED")["Body"]
+            .read()
+        )
     except ClientError as exc:
         if exc.response["Error"]["Code"] in {"NoSuchKey", "404"}:
             return {}

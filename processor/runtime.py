@@ -212,8 +212,9 @@ def no_cycle_collection() -> Iterator[None]:
     transaction's reads and writes), so the collector would run its full pass, over every
     object of a Python worker holding pandas, Arrow and PySpark, several times a batch:
     0.1-0.2 s of a 50,000-record batch, measured. Reference counting still frees what the
-    batch drops; the cycles it leaves are collected once it is done. The objects alive
-    after the first batch (modules, handler, caches) are frozen out of later passes."""
+    batch drops; the cycles it leaves wait for the collector's next pass after the batch.
+    The objects alive after the first batch (modules, handler, caches) are frozen out of
+    later passes."""
     global _frozen
     if not gc.isenabled():
         yield

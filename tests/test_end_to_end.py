@@ -16,6 +16,7 @@ from processor.app import load_handler
 from processor.config import JobConfig
 from processor.errors import ConfigError
 from processor.job import BatchReport, parquet_sink, prepare, start
+from tests.jobs import job_config
 
 pytestmark = pytest.mark.slow
 APP = Path(__file__).resolve().parents[1] / "examples" / "user_activity.py"
@@ -61,15 +62,7 @@ def test_job_equals_reference_fold_across_restores_and_a_restart(
     spark, kinesis, make_stream, location, tmp_path
 ):
     stream = make_stream(2)
-    cfg = JobConfig(
-        app=location.app,
-        streams=(stream,),
-        checkpoint=str(tmp_path / "checkpoint"),
-        slices=16,
-        groups=4,
-        local_dir=str(tmp_path / "stores"),
-        max_records_per_shard=400,
-    )
+    cfg = job_config(location, (stream,), tmp_path, max_records_per_shard=400)
     out_dir = str(tmp_path / "out")
     produce(kinesis, stream, 2000, seed=1)
     first = run_job(spark, cfg, out_dir, wipe_after={0, 1})
@@ -130,14 +123,7 @@ def test_timers_fire_in_slices_that_receive_no_more_records(
     kinesis.put_records(
         StreamName=stream, Records=[{"PartitionKey": k, "Data": b"{}"} for k in keys]
     )
-    cfg = JobConfig(
-        app=location.app,
-        streams=(stream,),
-        checkpoint=str(tmp_path / "ck"),
-        slices=16,
-        groups=4,
-        local_dir=str(tmp_path / "stores"),
-    )
+    cfg = job_config(location, (stream,), tmp_path, checkpoint="ck")
     fired: list[str] = []
     reports: list[BatchReport] = []
 

@@ -102,3 +102,26 @@ def test_wiped_stores_restore_after_gc(location, tmp_path):
         shutil.rmtree(path)
     run_batches(location, tmp_path, range(12, 14))
     assert durable_counts(location) == expected(14)
+
+
+def test_the_pending_list_is_read_with_s3s_checksum(location, tmp_path):
+    """The pending list is the one object shardless reads back without a checksum of its
+    own, and shardless's client leaves response checksums to the caller: the read asks S3
+    for the object's CRC, which botocore then checks."""
+    from changelog import aws
+
+    run_batches(location, tmp_path, range(3))
+    gc.collect(location, SLICES, grace_s=3600, dry_run=False)  # records a pending list
+    modes: list[bytes | None] = []
+
+    def seen(request, **_):  # noqa: ANN001
+        if request.url.split("?")[0].endswith(gc.pending_key(location)):
+            modes.append(request.headers.get("x-amz-checksum-mode"))
+
+    events = aws.client("s3").meta.events
+    events.register("before-send.s3.GetObject", seen)
+    try:
+        assert gc._load_pending(location) is not None
+    finally:
+        events.unregister("before-send.s3.GetObject", seen)
+    assert modes == [b"ENABLED"]

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from changelog.layout import AppLocation
-from processor.config import JobConfig
 from processor.handlers import HandlerFactory
 from processor.job import start
 from processor.routing import route
+from tests.jobs import job_config
 
 pytestmark = pytest.mark.slow
 
@@ -77,14 +77,7 @@ def test_a_job_over_two_streams_joins_them_by_key_in_state(
         else:
             ctx.emit({"stream": event.stream, "click": event.json()["n"], **ctx.state.get({})})
 
-    cfg = JobConfig(
-        app=location.app,
-        streams=(profiles, clicks),
-        checkpoint=str(tmp_path / "ck"),
-        slices=SLICES,
-        groups=4,
-        local_dir=str(tmp_path / "stores"),
-    )
+    cfg = job_config(location, (profiles, clicks), tmp_path, checkpoint="ck", slices=SLICES)
     outputs: list[dict] = []
 
     def sink(df, batch_id: int) -> None:  # noqa: ANN001

@@ -21,6 +21,7 @@ from processor.config import JobConfig
 from processor.errors import ConfigError, ProcessorError
 from processor.policies import RecordPolicy
 from processor.testing import TestDriver
+from tests.jobs import job_config
 
 
 def counting(event, ctx) -> None:  # noqa: ANN001
@@ -215,13 +216,10 @@ def test_the_job_sets_poison_records_aside_in_s3_and_counts_the_rest_once(
         else:
             payloads.append((key, json.dumps({"n": i, "boom": i % 41 == 7}).encode()))
     _put(kinesis, stream, payloads)
-    cfg = JobConfig(
-        app=location.app,
-        streams=(stream,),
-        checkpoint=str(tmp_path / "checkpoint"),
-        slices=16,
-        groups=4,
-        local_dir=str(tmp_path / "stores"),
+    cfg = job_config(
+        location,
+        (stream,),
+        tmp_path,
         max_records_per_shard=100,
         decoder="json",
         on_decode_error="dead-letter",
@@ -265,15 +263,7 @@ def test_the_job_fails_on_an_unreadable_record_by_default_and_commits_nothing_of
 ):
     stream = make_stream(1)
     _put(kinesis, stream, [("k", b'{"n": 1}'), ("k", b"garbage-" + uuid.uuid4().hex.encode())])
-    cfg = JobConfig(
-        app=location.app,
-        streams=(stream,),
-        checkpoint=str(tmp_path / "checkpoint"),
-        slices=16,
-        groups=4,
-        local_dir=str(tmp_path / "stores"),
-        decoder="json",
-    )
+    cfg = job_config(location, (stream,), tmp_path, decoder="json")
     with pytest.raises(Exception, match=rf"json decoder cannot read record {stream}/"):
         _run(spark, cfg, tmp_path, counting)
     from changelog.durable import DurableState

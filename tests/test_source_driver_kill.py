@@ -26,6 +26,7 @@ from processor.config import JobConfig
 from processor.faults import check, events
 from processor.faults.driver import REPO, Driver, running_batch
 from processor.kinesis.batch_log import BatchLog
+from tests.jobs import job_config
 
 pytestmark = pytest.mark.slow
 
@@ -84,14 +85,7 @@ def test_a_driver_killed_mid_batch_resumes_from_its_checkpoint_exactly_once(
     stream = make_stream(2)
     rng = random.Random(5)
     produced = events.produce(kinesis, stream, 0, 800, USERS, rng)
-    cfg = JobConfig(
-        app=location.app,
-        streams=(stream,),
-        checkpoint=str(tmp_path / "checkpoint"),
-        slices=16,
-        groups=2,
-        local_dir=str(tmp_path / "stores"),
-    )
+    cfg = job_config(location, (stream,), tmp_path, groups=2)
     out_dir = tmp_path / "outputs"
 
     first = driver(cfg, out_dir, tmp_path / "driver-1.log")

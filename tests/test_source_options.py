@@ -17,6 +17,7 @@ from processor.config import JobConfig
 from processor.errors import ConfigError
 from processor.kinesis.kpl import MAGIC
 from processor.kinesis.source import KinesisStreamReader
+from tests.jobs import job_config
 
 
 def config(**fields: object) -> JobConfig:
@@ -197,13 +198,11 @@ def test_a_job_with_on_corrupt_aggregate_skip_drops_only_the_corrupt_record(
         seen.extend(json.loads(r.value)["key"] for r in df.collect())
 
     def run(policy: str, name: str):  # noqa: ANN202
-        cfg = JobConfig(
-            app=location.app,
-            streams=(stream,),
-            checkpoint=str(tmp_path / name),
-            slices=16,
-            groups=4,
-            local_dir=str(tmp_path / "stores"),
+        cfg = job_config(
+            location,
+            (stream,),
+            tmp_path,
+            checkpoint=name,
             on_corrupt_aggregate=policy,
             kinesis_endpoint=kinesis.meta.endpoint_url,
         )

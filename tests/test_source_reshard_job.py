@@ -19,10 +19,10 @@ import pytest
 
 from changelog.layout import AppLocation
 from processor.app import load_handler
-from processor.config import JobConfig
 from processor.faults import check, events
 from processor.faults.driver import REPO
 from processor.job import BatchReport, parquet_sink, start
+from tests.jobs import job_config
 
 pytestmark = pytest.mark.slow
 
@@ -56,16 +56,7 @@ def test_the_job_stays_exact_and_in_order_while_the_stream_splits_and_merges(
 ) -> None:
     stream = make_stream(2)
     rng = random.Random(11)
-    cfg = JobConfig(
-        app=location.app,
-        streams=(stream,),
-        checkpoint=str(tmp_path / "checkpoint"),
-        slices=16,
-        groups=4,
-        local_dir=str(tmp_path / "stores"),
-        max_records_per_shard=100,
-        idle_poll_ms=200,
-    )
+    cfg = job_config(location, (stream,), tmp_path, max_records_per_shard=100, idle_poll_ms=200)
     out_dir = str(tmp_path / "outputs")
     reports: list[BatchReport] = []
     produced = events.produce(kinesis, stream, 0, 200, USERS, rng)

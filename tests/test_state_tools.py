@@ -27,6 +27,7 @@ from processor.job import parquet_sink, start
 from processor.progress_bar import Bar, render
 from processor.routing import route
 from processor.state_select import parse_slices
+from tests.jobs import job_config
 from tests.test_end_to_end import APP, produce
 
 pytestmark = pytest.mark.slow
@@ -305,14 +306,7 @@ def test_a_running_job_holds_the_lease_and_releases_it_when_stopped(
 
     stream = make_stream(1)
     kinesis.put_record(StreamName=stream, PartitionKey="k", Data=b"{}")
-    cfg = JobConfig(
-        app=location.app,
-        streams=(stream,),
-        checkpoint=str(tmp_path / "ck"),
-        slices=16,
-        groups=4,
-        local_dir=str(tmp_path / "stores"),
-    )
+    cfg = job_config(location, (stream,), tmp_path, checkpoint="ck")
     query = start(
         spark,
         HandlerFactory(lambda event, ctx: ctx.state.set(1)),

@@ -87,14 +87,7 @@ def kill9(procs: list[Proc], wait_s: float = 10.0) -> list[Proc]:
     """SIGKILL each process that is still the one recorded; wait until they are gone.
 
     Returns the processes that were signalled."""
-    hit = []
-    for p in procs:
-        now = read(p.pid)
-        if now is None or now.started != p.started:
-            continue
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(p.pid, signal.SIGKILL)
-            hit.append(p)
+    hit = signal_all(procs, signal.SIGKILL)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         alive = [p for p in hit if (now := read(p.pid)) is not None and now.started == p.started]

@@ -1,0 +1,29 @@
+"""The job configuration most end-to-end tests run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from changelog.layout import AppLocation
+from processor.config import JobConfig
+
+
+def job_config(
+    location: AppLocation,
+    streams: tuple[str, ...],
+    tmp_path: Path,
+    checkpoint: str = "checkpoint",
+    **fields: Any,
+) -> JobConfig:
+    """The test's application reading `streams`, 16 slices in 4 groups, its checkpoint and
+    stores under `tmp_path`; `fields` override or add any other setting."""
+    defaults: dict[str, Any] = {
+        "app": location.app,
+        "streams": streams,
+        "checkpoint": str(tmp_path / checkpoint),
+        "slices": 16,
+        "groups": 4,
+        "local_dir": str(tmp_path / "stores"),
+    }
+    return JobConfig(**(defaults | fields))
