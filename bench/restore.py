@@ -46,6 +46,7 @@ from changelog.durable import DurableState, SliceCommit
 from changelog.layout import AppLocation, Head, encode_log, encode_snaps, plan_restore
 from changelog.restore import identity
 from changelog.snapshot import decode_manifest, write_snapshot
+from changelog.transfer_process import transfer_process
 from processor import local_aws
 from processor.api import Context, Event
 from processor.grouping import group_slices
@@ -272,6 +273,7 @@ def restore_all(
     durable = DurableState(loc)
     heads = durable.heads(list(range(slices)))
     forget_manifests()
+    transfer_process().stop()  # a new worker has no helper yet: starting it is part of the restore
     cache = StoreCache(root, loc.app, slices)
     started = time.perf_counter()
     got = cache.acquire_many([(s, h, h.version) for s, h in sorted(heads.items())], durable)
@@ -413,6 +415,8 @@ def large_restore(
             "value_bytes": value_bytes,
             "manifests_ahead": restore.MANIFESTS_AHEAD,
             "finish_threads": restore.FINISH_THREADS,
+            "transfer_process": restore.TRANSFER_PROCESS,
+            "out_of_process_bytes": restore.OUT_OF_PROCESS_BYTES,
             "open_after_transfers": restore.OPEN_AFTER_TRANSFERS,
             "file_threads": snapshot.FILE_THREADS,
             "download_threads": threads,

@@ -25,7 +25,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from changelog import aws
-from changelog.errors import CommitConflictError, CorruptObjectError
+from changelog.errors import CommitConflictError, CorruptObjectError, MissingObjectError
 from changelog.layout import (
     HEAD_SK,
     AppLocation,
@@ -44,7 +44,7 @@ from changelog.layout import (
     slice_pk,
 )
 from changelog.segment import decode_section, encode_segment
-from changelog.snapshot import is_missing, missing
+from changelog.snapshot import get_bytes, missing
 from state.store import Change
 
 _SLICES_PER_TRANSACTION = 100  # DynamoDB's limit of items per transaction
@@ -83,6 +83,11 @@ class HeadConflictError(CommitConflictError):
     def __init__(self, message: str, slices: list[int]) -> None:
         super().__init__(message)
         self.slices = slices
+
+
+def section_range(entry: LogEntry) -> str:
+    """The HTTP byte range of `entry`'s section in its segment object."""
+    return f"bytes={entry.offset}-{entry.offset + entry.length - 1}"
 
 
 def owner_name() -> str:
@@ -155,9 +160,6 @@ class DurableState:
     def read_changes(self, slice_id: int, entry: LogEntry) -> list[Change]:
         """Fetch and verify one slice's section of a segment by byte range (from the local
         segment cache when it has the segment)."""
-        key = entry.key(self.loc)
-        end = entry.offset + entry.length - 1
-        where = f"s3://{self.loc.bucket}/{key} (slice {slice_id} v{entry.version})"
         if self.segment_cache is not None:
             local = self.segment_cache / f"{entry.uid}.seg"
             try:
@@ -165,18 +167,25 @@ class DurableState:
                     f.seek(entry.offset)
                     raw = f.read(entry.length)
                 return decode_section(
-                    raw, slice_id=slice_id, version=entry.version, where=f"{local} ({where})"
+                    raw,
+                    slice_id=slice_id,
+                    version=entry.version,
+                    where=f"{local} ({self.section_where(slice_id, entry)})",
                 )
             except (OSError, CorruptObjectError):
                 pass  # not here (or damaged): S3 has it
         try:
-            raw = self._s3.get_object(
-                Bucket=self.loc.bucket, Key=key, Range=f"bytes={entry.offset}-{end}"
-            )["Body"].read()
-        except ClientError as exc:
-            if is_missing(exc):
-                raise missing(where) from exc
-            raise
+            raw = get_bytes(self.loc.bucket, entry.key(self.loc), section_range(entry))
+        except MissingObjectError as exc:
+            raise missing(self.section_where(slice_id, entry)) from exc
+        return self.decode_changes(slice_id, entry, raw)
+
+    def section_where(self, slice_id: int, entry: LogEntry) -> str:
+        return f"s3://{self.loc.bucket}/{entry.key(self.loc)} (slice {slice_id} v{entry.version})"
+
+    def decode_changes(self, slice_id: int, entry: LogEntry, raw: bytes) -> list[Change]:
+        """Verify and decode a section fetched from S3 by `section_range`."""
+        where = self.section_where(slice_id, entry)
         return decode_section(raw, slice_id=slice_id, version=entry.version, where=where)
 
     def commit(

@@ -32,17 +32,22 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from changelog.durable import DurableState
-from changelog.errors import ContinuityError, CorruptObjectError
+from changelog.durable import DurableState, section_range
+from changelog.errors import ContinuityError, CorruptObjectError, MissingObjectError
 from changelog.layout import Head, LogEntry, RestorePlan, plan_restore
 from changelog.snapshot import (
     FILE_THREADS,
+    IN_PROCESS,
     Manifest,
+    Transfers,
+    cached_manifest,
     fetch_files,
     file_pool,
-    read_manifest,
+    manifest_from,
+    missing,
     settle,
 )
+from changelog.transfer_process import transfer_process
 from state.errors import CorruptStoreError
 from state.store import Change, SliceStore
 
@@ -53,6 +58,8 @@ PREFETCH_SECTIONS = 256  # at most this many of them
 OPEN_AFTER_TRANSFERS = False  # True: open no store before every transfer is done
 MANIFESTS_AHEAD = FILE_THREADS  # manifests requested ahead of the slice whose files are queued
 FINISH_THREADS = 4  # threads opening stores and applying tails while transfers go on
+TRANSFER_PROCESS = True  # SST downloads of large restores in the helper process
+OUT_OF_PROCESS_BYTES = 64 << 20  # "large": this many bytes of snapshots in one restore
 
 
 @dataclass
@@ -218,6 +225,9 @@ def restore_many(
             if w.error is None and _catch_up_here(w, durable):
                 _guard(w, tails, lambda w=w: _finish(w, durable, direct, progress, started))
         rest = [w for w in work if w.error is None and not w.done]
+        tails.transfers = sst_transfers(
+            sum(w.plan.snapshot.bytes for w in rest if w.plan and w.plan.snapshot)
+        )
         tails.plan([(w, e) for w in rest if w.plan for e in w.plan.entries])
         tails.top_up()
         if rest:
@@ -245,7 +255,7 @@ class _Work:
     job: RestoreJob
     stats: RestoreStats
     plan: RestorePlan | None = None
-    manifest: Future[Manifest] | None = None
+    manifest: Future[bytes] | Future[Manifest] | None = None
     files: list[Future[int]] = field(default_factory=list)
     error: Exception | None = None
     done: bool = False
@@ -327,6 +337,17 @@ def _prepare(w: _Work, durable: DurableState) -> None:
         SliceStore.destroy(job.path)
 
 
+def sst_transfers(snapshot_bytes: int) -> Transfers:
+    """Where a restore with `snapshot_bytes` to fetch downloads its SST objects: the helper
+    process (started now) when they are many, this process's transfer pool otherwise
+    (starting the helper costs more than a small restore)."""
+    if TRANSFER_PROCESS and snapshot_bytes >= OUT_OF_PROCESS_BYTES:
+        helper = transfer_process()
+        if helper.start():
+            return helper
+    return IN_PROCESS
+
+
 class _Snapshots:
     """The snapshot transfers of every job, queued on the transfer pool by the calling
     thread while it hands finished transfers on: manifests `MANIFESTS_AHEAD` ahead, each
@@ -341,6 +362,7 @@ class _Snapshots:
         self.on_bytes = progress.add if progress else _ignore
         self.todo = deque(w for w in work if w.error is None and w.plan and w.plan.snapshot)
         self.asked: deque[_Work] = deque()  # manifest requested, files not queued yet
+        self.transfers = tails.transfers
 
     def run(self, finish: Callable[[_Work], None]) -> None:
         """Call `finish` on every job that has not failed, each once its files are in
@@ -363,13 +385,15 @@ class _Snapshots:
             f.result()  # `finish` records a job's errors: only an interrupt comes out here
 
     def _ask(self) -> None:
-        pool = file_pool()
         while self.todo and len(self.asked) < MANIFESTS_AHEAD:
             w = self.todo.popleft()
             snap = w.plan.snapshot  # type: ignore[union-attr]
-            w.manifest = pool.submit(
-                read_manifest, self.loc, snap.key, slice_id=w.job.slice, version=snap.version
-            )
+            found = cached_manifest(snap.key)
+            if found is None:
+                w.manifest = self.transfers.fetch(self.loc.bucket, snap.key)
+            else:
+                w.manifest = done = Future()
+                done.set_result(found)
             self.asked.append(w)
 
     def _queue(self, block: bool) -> None:
@@ -379,8 +403,14 @@ class _Snapshots:
             w = self.asked.popleft()
 
             def queue(w: _Work = w) -> None:
-                manifest = w.manifest.result()  # type: ignore[union-attr]
-                w.files = fetch_files(self.loc, manifest, w.job.path, self.on_bytes)
+                got = w.manifest.result()  # type: ignore[union-attr]
+                manifest = got
+                if not isinstance(got, Manifest):
+                    snap = w.plan.snapshot  # type: ignore[union-attr]
+                    manifest = manifest_from(
+                        self.loc, snap.key, got, slice_id=w.job.slice, version=snap.version
+                    )
+                w.files = fetch_files(self.loc, manifest, w.job.path, self.on_bytes, self.transfers)
 
             if w.error is None:
                 _guard(w, self.tails, queue)
@@ -463,11 +493,12 @@ class _Tails:
     are applied, ahead of the one being applied within `PREFETCH_BYTES` and
     `PREFETCH_SECTIONS` (always at least the next one)."""
 
-    def __init__(self, durable: DurableState) -> None:
+    def __init__(self, durable: DurableState, transfers: Transfers = IN_PROCESS) -> None:
         self.durable = durable
+        self.transfers = transfers  # where sections the host does not keep are fetched
         self.order: list[tuple[_Work, LogEntry]] = []
         self.next = 0  # the first section not requested yet
-        self.ahead: dict[tuple[int, int], tuple[Future[list[Change]], int]] = {}
+        self.ahead: dict[tuple[int, int], tuple[Future[list[Change]] | Future[bytes], int]] = {}
         self.held = 0  # bytes requested and not taken
         self.dropped: set[int] = set()  # ids of jobs that failed
         self._lock = threading.RLock()  # jobs finish in several threads
@@ -488,7 +519,14 @@ class _Tails:
         self.next += 1
         if id(w) in self.dropped:
             return
-        future = file_pool().submit(self.durable.read_changes, w.job.slice, entry)
+        durable = self.durable
+        future: Future[list[Change]] | Future[bytes]
+        if durable.cached(entry):
+            future = file_pool().submit(durable.read_changes, w.job.slice, entry)
+        else:
+            future = self.transfers.fetch(
+                durable.loc.bucket, entry.key(durable.loc), section_range(entry)
+            )
         self.ahead[(id(w), entry.version)] = (future, entry.length)
         self.held += entry.length
 
@@ -503,9 +541,14 @@ class _Tails:
             future, length = self.ahead.pop(key)
             self.held -= length
         try:
-            return future.result()
+            got = future.result()
+        except MissingObjectError as exc:
+            raise missing(self.durable.section_where(w.job.slice, entry)) from exc
         finally:
             self.top_up()
+        if isinstance(got, list):
+            return got
+        return self.durable.decode_changes(w.job.slice, entry, got)
 
     def drop(self, w: _Work) -> None:
         """Forget a failed job's sections."""

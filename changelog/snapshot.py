@@ -28,6 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import msgpack
 from botocore.exceptions import ClientError
@@ -165,6 +166,11 @@ class _ManifestCache:
 manifests = _ManifestCache()
 
 
+def cached_manifest(key: str) -> Manifest | None:
+    """The manifest at `key` if this process has it already (verified when it was read)."""
+    return manifests.get(key)
+
+
 def missing(where: str) -> MissingObjectError:
     return MissingObjectError(
         f"{where} is referenced by committed state but missing from the bucket: it was "
@@ -178,18 +184,32 @@ def is_missing(exc: ClientError) -> bool:
     return exc.response["Error"]["Code"] in {"NoSuchKey", "404", "NotFound"}
 
 
+def get_bytes(bucket: str, key: str, byte_range: str | None = None) -> bytes:
+    """An object's bytes (`byte_range` as in HTTP: "bytes=0-99"); a missing object raises
+    MissingObjectError."""
+    extra = {"Range": byte_range} if byte_range else {}
+    try:
+        return aws.client("s3").get_object(Bucket=bucket, Key=key, **extra)["Body"].read()
+    except ClientError as exc:
+        if is_missing(exc):
+            raise missing(f"s3://{bucket}/{key}") from exc
+        raise
+
+
 def read_manifest(loc: AppLocation, key: str, *, slice_id: int, version: int) -> Manifest:
     """Fetch and verify a manifest; refuse one that belongs to another slice or version."""
     found = manifests.get(key)
     if found is not None:
         return found
+    return manifest_from(loc, key, get_bytes(loc.bucket, key), slice_id=slice_id, version=version)
+
+
+def manifest_from(
+    loc: AppLocation, key: str, raw: bytes, *, slice_id: int, version: int
+) -> Manifest:
+    """Verify and decode the manifest fetched from `key`; refuse one that belongs to
+    another slice or version."""
     where = f"s3://{loc.bucket}/{key}"
-    try:
-        raw = aws.client("s3").get_object(Bucket=loc.bucket, Key=key)["Body"].read()
-    except ClientError as exc:
-        if is_missing(exc):
-            raise missing(where) from exc
-        raise
     m = decode_manifest(raw, where=where)
     if (m.app, m.slice, m.version) != (loc.app, slice_id, version):
         raise CorruptObjectError(
@@ -280,12 +300,12 @@ def _check_header(header: bytes, f: SstFile, where: str) -> None:
         )
 
 
-def _download_sst(loc: AppLocation, f: SstFile, dest: Path, on_bytes: OnBytes) -> int:
+def download_sst(bucket: str, f: SstFile, dest: Path, on_bytes: OnBytes = _ignore) -> int:
     """Stream one SST object into `dest`, verifying its header and the CRC-32 of its content
     on the way (zlib and file writes release the GIL on chunks this size)."""
-    where = f"s3://{loc.bucket}/{f.key}"
+    where = f"s3://{bucket}/{f.key}"
     try:
-        body = aws.client("s3").get_object(Bucket=loc.bucket, Key=f.key)["Body"]
+        body = aws.client("s3").get_object(Bucket=bucket, Key=f.key)["Body"]
     except ClientError as exc:
         if is_missing(exc):
             raise missing(where) from exc
@@ -318,17 +338,41 @@ def _inline_names(m: Manifest) -> None:
             )
 
 
+class Transfers(Protocol):
+    """Where a restore's object transfers run, each started there with its result a future:
+    `submit` as `download_sst`, `fetch` as `get_bytes`."""
+
+    def submit(self, bucket: str, f: SstFile, dest: Path, on_bytes: OnBytes) -> Future[int]: ...
+
+    def fetch(self, bucket: str, key: str, byte_range: str | None = None) -> Future[bytes]: ...
+
+
+class _InProcess:
+    def submit(self, bucket: str, f: SstFile, dest: Path, on_bytes: OnBytes) -> Future[int]:
+        return file_pool().submit(download_sst, bucket, f, dest, on_bytes)
+
+    def fetch(self, bucket: str, key: str, byte_range: str | None = None) -> Future[bytes]:
+        return file_pool().submit(get_bytes, bucket, key, byte_range)
+
+
+IN_PROCESS: Transfers = _InProcess()
+
+
 def fetch_files(
-    loc: AppLocation, m: Manifest, dest: Path, on_bytes: OnBytes = _ignore
+    loc: AppLocation,
+    m: Manifest,
+    dest: Path,
+    on_bytes: OnBytes = _ignore,
+    transfers: Transfers = IN_PROCESS,
 ) -> list[Future[int]]:
-    """Start materialising the snapshot into `dest` (created) on the transfer pool: its SST
-    objects downloaded, its inline files written. Each future gives the bytes written or
-    the reason an object was refused. The calling thread makes no system call: a thread
-    that gives up Python's GIL waits to get it back while the transfers run."""
+    """Start materialising the snapshot into `dest` (created): its SST objects downloaded
+    by `transfers` (this process's transfer pool unless told otherwise), its inline files
+    written on the transfer pool. Each future gives the bytes written or the reason an
+    object was refused. The calling thread makes no system call: a thread that gives up
+    Python's GIL waits to get it back while the transfers run."""
     _inline_names(m)
-    pool = file_pool()
-    files = [pool.submit(_download_sst, loc, f, dest, on_bytes) for f in m.files]
-    return [*files, pool.submit(write_inline, m, dest, on_bytes)]
+    files = [transfers.submit(loc.bucket, f, dest, on_bytes) for f in m.files]
+    return [*files, file_pool().submit(write_inline, m, dest, on_bytes)]
 
 
 # A RocksDB MANIFEST records the database's id as a VersionEdit field: tag kDbId (8193,

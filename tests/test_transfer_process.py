@@ -1,0 +1,150 @@
+"""A large restore's transfers in the helper process (`changelog.transfer_process`), against
+moto server over HTTP: the same stores as in-process, the same refusals with the same
+names, and nothing lost when the helper dies with downloads in flight."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+
+import pytest
+
+from changelog import restore as restore_module
+from changelog.durable import DurableState, section_range
+from changelog.errors import CorruptObjectError, MissingObjectError
+from changelog.restore import RestoreJob, identity, restore_many
+from changelog.snapshot import IN_PROCESS, manifests, read_manifest
+from changelog.transfer_process import TransferProcess, _read_frame, _write_frame
+from tests.test_durable import SLICES
+from tests.test_restore_many import build, corrupt
+
+
+@pytest.fixture
+def helper(monkeypatch):
+    """Every restore's transfers go to a new helper process, stopped afterwards."""
+    tp = TransferProcess()
+    monkeypatch.setattr(restore_module, "transfer_process", lambda: tp)
+    monkeypatch.setattr(restore_module, "OUT_OF_PROCESS_BYTES", 0)
+    yield tp
+    tp.stop()
+
+
+def jobs_for(location, tmp_path, heads, target: int) -> list[RestoreJob]:
+    """A restore into an empty directory of each slice of `heads`."""
+    return [
+        RestoreJob(tmp_path / f"r-{s}", identity(location.app, s, SLICES), h, target)
+        for s, h in sorted(heads.items())
+    ]
+
+
+def test_a_large_restore_transfers_in_the_helper_and_builds_the_same_stores(
+    location, tmp_path, helper
+):
+    durable = DurableState(location)
+    writers = {s: build(location, tmp_path, s, 3, snapshot_at=2) for s in (1, 2, 3)}
+    heads = durable.heads(list(writers))
+    manifests._items.clear()
+    outcomes = restore_many(jobs_for(location, tmp_path, heads, 3), durable)
+    for o in outcomes:
+        assert o.error is None and o.store is not None and o.stats is not None
+        assert (o.stats.snapshot_version, o.stats.segments) == (2, 1)
+        assert dict(o.store.items()) == dict(writers[o.job.slice].items())
+        assert o.store.version == 3 and o.store.tag == heads[o.job.slice].log[-1].uid
+        o.store.close()
+    # per slice: its manifest, its SST object(s) and its changelog section, none here
+    assert helper.starts == 1 and helper.ran_here == 0
+    assert helper.sent == sum(2 + h.snaps[-1].files for h in heads.values())
+    assert helper.helper_pid not in (None, os.getpid())
+
+
+def test_a_small_restore_does_not_start_the_helper(location, tmp_path, monkeypatch):
+    tp = TransferProcess()
+    monkeypatch.setattr(restore_module, "transfer_process", lambda: tp)
+    durable = DurableState(location)
+    writer = build(location, tmp_path, 5, 3, snapshot_at=2)
+    heads = durable.heads([5])
+    manifests._items.clear()
+    (o,) = restore_many(jobs_for(location, tmp_path, heads, 3), durable)
+    assert o.error is None and dict(o.store.items()) == dict(writer.items())
+    o.store.close()
+    assert (tp.starts, tp.sent) == (0, 0)
+    assert restore_module.sst_transfers(restore_module.OUT_OF_PROCESS_BYTES - 1) is IN_PROCESS
+
+
+def test_the_helper_refuses_a_corrupt_sst_object_naming_it(location, tmp_path, helper):
+    durable = DurableState(location)
+    for s in (1, 2):
+        build(location, tmp_path, s, 3, snapshot_at=2)
+    heads = durable.heads([1, 2])
+    snap = heads[2].snaps[-1]
+    bad = read_manifest(location, snap.key, slice_id=2, version=snap.version).files[0].key
+    corrupt(location, bad)
+    manifests._items.clear()
+    by_slice = {
+        o.job.slice: o for o in restore_many(jobs_for(location, tmp_path, heads, 3), durable)
+    }
+    assert by_slice[1].error is None
+    by_slice[1].store.close()
+    err = by_slice[2].error
+    assert isinstance(err, CorruptObjectError), err
+    assert f"s3://{location.bucket}/{bad}" in str(err) and "checksum" in str(err)
+    assert by_slice[2].store is None and not (tmp_path / "r-2").exists()
+    assert helper.ran_here == 0
+
+
+def test_objects_missing_from_the_bucket_are_named_as_in_process(location, tmp_path, helper):
+    import boto3
+
+    durable = DurableState(location)
+    for s in (1, 2):
+        build(location, tmp_path, s, 3, snapshot_at=2)
+    heads = durable.heads([1, 2])
+    s3 = boto3.client("s3")
+    gone_manifest = heads[1].snaps[-1].key
+    s3.delete_object(Bucket=location.bucket, Key=gone_manifest)
+    section = heads[2].log[-1]
+    s3.delete_object(Bucket=location.bucket, Key=section.key(location))
+    manifests._items.clear()
+    by_slice = {
+        o.job.slice: o for o in restore_many(jobs_for(location, tmp_path, heads, 3), durable)
+    }
+    for s, name in ((1, gone_manifest), (2, f"{section.key(location)} (slice 2 v3)")):
+        err = by_slice[s].error
+        assert isinstance(err, MissingObjectError), err
+        assert f"s3://{location.bucket}/{name} is referenced by committed state" in str(err)
+    assert helper.sent > 0 and helper.ran_here == 0
+
+
+def test_transfers_left_by_a_helper_that_dies_run_in_this_process(location, tmp_path):
+    durable = DurableState(location)
+    build(location, tmp_path, 7, 3, snapshot_at=2)
+    head = durable.heads([7])[7]
+    entry = head.log[-1]
+    key, byte_range = entry.key(location), section_range(entry)
+    want = IN_PROCESS.fetch(location.bucket, key, byte_range).result()
+    tp = TransferProcess()
+    try:
+        assert tp.start()
+        pid = tp.helper_pid
+        os.kill(pid, signal.SIGSTOP)  # it takes the requests and answers none
+        futures = [tp.fetch(location.bucket, key, byte_range) for _ in range(5)]
+        assert not any(f.done() for f in futures) and tp.sent == 5
+        os.kill(pid, signal.SIGKILL)
+        assert [f.result(timeout=60) for f in futures] == [want] * 5
+        assert tp.ran_here == 5
+        assert tp.fetch(location.bucket, key, byte_range).result(timeout=60) == want
+        assert tp.starts == 2 and tp.helper_pid not in (None, pid)
+    finally:
+        tp.stop()
+
+
+def test_a_frame_cut_short_ends_the_stream():
+    out = io.BytesIO()
+    _write_frame(out, b"hello")
+    _write_frame(out, b"world")
+    whole = out.getvalue()
+    src = io.BytesIO(whole[:-2])
+    assert _read_frame(src) == b"hello"
+    assert _read_frame(src) is None
+    assert _read_frame(io.BytesIO(b"")) is None
