@@ -5,7 +5,9 @@
    snapshot plus one log entry, by `StoreCache.acquire_many` on empty local directories as
    a new worker does. The baseline, interleaved with it run by run, is a plain parallel
    download (boto3 `get_object` to files) of exactly the objects and byte ranges the
-   restore fetches.
+   restore fetches; and the same restore with its transfers kept in this process instead
+   of the transfer process (`restore_in_process_*`). The transfer process is stopped
+   before each restore: a new worker pays for starting it.
 2. Restore time of 16 slices after a short and a long history of small batches driven
    through `GroupRunner.run` (snapshots every 32 versions, as in production).
 3. S3 and DynamoDB requests per batch for 256 slices in 8 groups, counted with botocore
@@ -328,6 +330,17 @@ def store_opens(root: Path) -> dict[str, float]:
     }
 
 
+@contextmanager
+def in_process_transfers() -> Iterator[None]:
+    """Restores without the transfer process, as before it existed."""
+    saved = restore.TRANSFER_PROCESS
+    restore.TRANSFER_PROCESS = False
+    try:
+        yield
+    finally:
+        restore.TRANSFER_PROCESS = saved
+
+
 def quiesce() -> None:
     """Write out what earlier steps left dirty, so a timed step does not pay for it."""
     os.sync()
@@ -342,7 +355,7 @@ def keep_outputs(local: Path, reps: int, state_bytes: int) -> bool:
     12 files per slice against a download's 3, so the previous rep's clean-up costs it four
     times as much; a new host restoring its slices has no such backlog."""
     free = shutil.disk_usage(local).free
-    keep = free > 2 * reps * state_bytes * 1.2 + (2 << 30)
+    keep = free > 3 * reps * state_bytes * 1.2 + (2 << 30)
     if not keep:
         log(f"restore: {free / 1e9:.1f} GB free, so each rep's files are removed after it")
     return keep
@@ -371,24 +384,29 @@ def large_restore(
     objects = fetch_list(loc, heads)
     log(f"restore: built {SLICES} slices in {built:.1f}s; {len(objects)} objects to fetch")
     keep = keep_outputs(local, reps, slice_bytes * SLICES)
-    runs = []
-    for rep in range(reps):  # interleaved, so machine noise hits both alike
+    runs, here = [], []
+    for rep in range(reps):  # interleaved, so machine noise hits all alike
         quiesce()
         d_s, d_bytes = plain_download(loc, objects, local / f"download-{rep}", threads)
         quiesce()
         r_s, r_bytes, stats, _ = restore_all(loc, SLICES, local / f"restore-{rep}")
         runs.append((d_bytes / 1e6 / d_s, r_bytes / 1e6 / r_s, r_s, r_bytes, d_bytes, stats))
+        quiesce()
+        with in_process_transfers():
+            h_s, h_bytes, _, _ = restore_all(loc, SLICES, local / f"here-{rep}")
+        here.append(h_bytes / 1e6 / h_s)
         log(
             f"  rep {rep}: download {runs[-1][0]:.0f} MB/s, restore {runs[-1][1]:.0f} MB/s "
-            f"({r_s:.2f}s)"
+            f"({r_s:.2f}s), restore without the transfer process {here[-1]:.0f} MB/s"
         )
         if not keep:
             shutil.rmtree(local / f"download-{rep}")
+            shutil.rmtree(local / f"here-{rep}")
             if rep < reps - 1:
                 shutil.rmtree(local / f"restore-{rep}")
     opens = store_opens(local / f"restore-{reps - 1}")
     for rep in range(reps):
-        for name in (f"download-{rep}", f"restore-{rep}"):
+        for name in (f"download-{rep}", f"restore-{rep}", f"here-{rep}"):
             shutil.rmtree(local / name, ignore_errors=True)
     # the run with the median ratio: per-run ratios are robust to a noisy neighbour
     download, restored, seconds, r_bytes, d_bytes, stats = sorted(runs, key=lambda r: r[1] / r[0])[
@@ -403,6 +421,15 @@ def large_restore(
         "downloaded_mb": d_bytes / 1e6,
         "restore_objects": len(objects),
         "restore_vs_download_runs": [round(r[1] / r[0], 3) for r in runs],
+        # the same restore with every transfer in this process (the GIL shared with the
+        # store opens), in the same reps: what the transfer process is worth
+        "restore_in_process_mb_per_s": statistics.median(here),
+        "restore_in_process_vs_download": statistics.median(
+            h / r[0] for h, r in zip(here, runs, strict=True)
+        ),
+        "restore_in_process_vs_download_runs": [
+            round(h / r[0], 3) for h, r in zip(here, runs, strict=True)
+        ],
         "restore_mb_per_s_runs": [round(r[1], 1) for r in runs],
         "plain_download_mb_per_s_runs": [round(r[0], 1) for r in runs],
         "restore_slice_seconds_median": statistics.median(s["seconds"] for s in stats),

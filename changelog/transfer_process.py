@@ -15,9 +15,14 @@ with the bytes written, or fetches a small object (a manifest, a changelog secti
 answers with its bytes, which this process verifies as it would its own. A refusal comes
 back as the same error, with the same message.
 
+The helper takes a few tenths of a second to start (Python, boto3): transfers asked for
+before it says it is ready run in this process, so its start overlaps the restore's first
+transfers instead of delaying them.
+
 A restore never fails because of the helper: when it cannot be started, or dies, its
-unfinished downloads run in this process instead (logged). The helper exits when this
-process closes its end of the pipe, which happens when this process ends however it ends.
+unfinished transfers run in this process instead (logged); one that dies before it is
+ready is not started again. The helper exits when this process closes its end of the
+pipe, which happens when this process ends however it ends.
 
 Protocol over the helper's stdin and stdout, frames of u32 length + msgpack:
 
@@ -30,6 +35,7 @@ Protocol over the helper's stdin and stdout, frames of u32 length + msgpack:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import logging
 import os
@@ -37,6 +43,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -46,6 +53,7 @@ from typing import BinaryIO
 
 import msgpack
 
+from changelog import aws
 from changelog.errors import ChangelogError, CorruptObjectError, MissingObjectError
 from changelog.snapshot import (
     FILE_THREADS,
@@ -59,6 +67,8 @@ from changelog.snapshot import (
 log = logging.getLogger(__name__)
 
 _LENGTH = struct.Struct(">I")
+_F_SETPIPE_SZ = 1031  # Linux
+_PIPE_BYTES = 1 << 20
 
 
 class TransferError(ChangelogError):
@@ -106,6 +116,8 @@ class TransferProcess:
         self._proc: subprocess.Popen | None = None
         self._pending: dict[int, _Request] = {}
         self._ids = itertools.count()
+        self._ready: subprocess.Popen | None = None  # the helper that said it is ready
+        self._broken = False  # a helper died before it was ready: none is started again
         self.starts = 0  # helper processes started
         self.sent = 0  # downloads handed to a helper
         self.ran_here = 0  # downloads that ran in this process instead
@@ -120,6 +132,23 @@ class TransferProcess:
         anything to send, so the helper's start-up overlaps the manifests' transfers)."""
         with self._lock:
             return self._running() is not None
+
+    @property
+    def ready(self) -> bool:
+        proc = self._ready
+        return proc is not None and proc is self._proc and proc.poll() is None
+
+    @property
+    def broken(self) -> bool:
+        return self._broken
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Start the helper if need be and wait until it serves (or `timeout` passes)."""
+        deadline = time.monotonic() + timeout
+        self.start()
+        while not self.ready and not self._broken and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.ready
 
     def submit(self, bucket: str, f: SstFile, dest: Path, on_bytes: OnBytes) -> Future[int]:
         """`download_sst(bucket, f, dest)` in the helper; `on_bytes` once it is done."""
@@ -137,7 +166,7 @@ class TransferProcess:
         req.future.set_running_or_notify_cancel()  # like a started transfer: not cancellable
         with self._lock:
             proc = self._running()
-            if proc is not None:
+            if proc is not None and proc is self._ready:  # until then, transfers run here
                 rid = next(self._ids)
                 req.proc = proc
                 self._pending[rid] = req
@@ -169,6 +198,8 @@ class TransferProcess:
         """The live helper, started if need be (None when it cannot be); under the lock."""
         if self._proc is not None and self._proc.poll() is None:
             return self._proc
+        if self._broken:
+            return None
         env = dict(os.environ)
         # the helper imports shardless from wherever this process did (Spark ships code
         # through sys.path entries the environment does not name)
@@ -185,6 +216,9 @@ class TransferProcess:
             log.warning("no transfer process (%s): downloading in this process", exc)
             self._proc = None
             return None
+        for pipe in (proc.stdin, proc.stdout):
+            with contextlib.suppress(OSError):  # room for replies while this process is busy
+                fcntl.fcntl(pipe.fileno(), _F_SETPIPE_SZ, _PIPE_BYTES)  # type: ignore[union-attr]
         self._proc = proc
         self.starts += 1
         threading.Thread(
@@ -197,6 +231,10 @@ class TransferProcess:
         try:
             while (frame := _read_frame(proc.stdout)) is not None:  # type: ignore[arg-type]
                 rid, kind, value = msgpack.unpackb(frame)
+                if kind == "ready":
+                    with self._lock:
+                        self._ready = proc
+                    continue
                 with self._lock:
                     req = self._pending.pop(rid, None)
                 if req is None:
@@ -212,6 +250,14 @@ class TransferProcess:
             with self._lock:
                 if self._proc is proc:
                     self._proc = None
+                if self._ready is not proc:
+                    self._broken = True
+                    log.warning(
+                        "transfer process %s exited with code %s before it was ready; "
+                        "restores download in this process from now on",
+                        proc.pid,
+                        code,
+                    )
                 left = [rid for rid, r in self._pending.items() if r.proc is proc]
                 orphans = [self._pending.pop(rid) for rid in left]
             if orphans:
@@ -286,6 +332,8 @@ def main() -> None:
     out = sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but replies may reach the protocol stream
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    aws.client("s3")  # ready means able to serve at once
+    _write_frame(out, msgpack.packb([-1, "ready", os.getpid()]))
     _serve(sys.stdin.buffer, out)
 
 

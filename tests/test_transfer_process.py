@@ -8,6 +8,7 @@ import io
 import os
 import signal
 
+import boto3
 import pytest
 
 from changelog import restore as restore_module
@@ -24,6 +25,7 @@ from tests.test_restore_many import build, corrupt
 def helper(monkeypatch):
     """Every restore's transfers go to a new helper process, stopped afterwards."""
     tp = TransferProcess()
+    assert tp.wait_ready(60)
     monkeypatch.setattr(restore_module, "transfer_process", lambda: tp)
     monkeypatch.setattr(restore_module, "OUT_OF_PROCESS_BYTES", 0)
     yield tp
@@ -94,8 +96,6 @@ def test_the_helper_refuses_a_corrupt_sst_object_naming_it(location, tmp_path, h
 
 
 def test_objects_missing_from_the_bucket_are_named_as_in_process(location, tmp_path, helper):
-    import boto3
-
     durable = DurableState(location)
     for s in (1, 2):
         build(location, tmp_path, s, 3, snapshot_at=2)
@@ -125,7 +125,7 @@ def test_transfers_left_by_a_helper_that_dies_run_in_this_process(location, tmp_
     want = IN_PROCESS.fetch(location.bucket, key, byte_range).result()
     tp = TransferProcess()
     try:
-        assert tp.start()
+        assert tp.wait_ready(60)
         pid = tp.helper_pid
         os.kill(pid, signal.SIGSTOP)  # it takes the requests and answers none
         futures = [tp.fetch(location.bucket, key, byte_range) for _ in range(5)]
@@ -137,6 +137,36 @@ def test_transfers_left_by_a_helper_that_dies_run_in_this_process(location, tmp_
         assert tp.starts == 2 and tp.helper_pid not in (None, pid)
     finally:
         tp.stop()
+
+
+def test_transfers_asked_for_before_the_helper_is_ready_run_here(location, tmp_path):
+    key = f"{location.prefix}/scratch/early"
+    boto3.client("s3").put_object(Bucket=location.bucket, Key=key, Body=b"early")
+    tp = TransferProcess()
+    try:
+        assert tp.start()
+        pid = tp.helper_pid
+        os.kill(pid, signal.SIGSTOP)  # still importing: it cannot have said it is ready
+        assert tp.fetch(location.bucket, key).result(timeout=60) == b"early"
+        assert (tp.sent, tp.ran_here) == (0, 1)
+        os.kill(pid, signal.SIGCONT)
+        assert tp.wait_ready(60)
+        assert tp.fetch(location.bucket, key).result(timeout=60) == b"early"
+        assert (tp.sent, tp.ran_here, tp.starts) == (1, 1, 1)
+    finally:
+        tp.stop()
+
+
+def test_a_helper_that_dies_before_it_is_ready_is_not_started_again(location):
+    key = f"{location.prefix}/scratch/broken"
+    boto3.client("s3").put_object(Bucket=location.bucket, Key=key, Body=b"here")
+    tp = TransferProcess()
+    assert tp.start()
+    os.kill(tp.helper_pid, signal.SIGKILL)
+    assert not tp.wait_ready(60) and tp.broken
+    assert tp.fetch(location.bucket, key).result(timeout=60) == b"here"
+    assert (tp.starts, tp.sent, tp.ran_here) == (1, 0, 1) and tp.helper_pid is None
+    assert not tp.start()
 
 
 def test_a_frame_cut_short_ends_the_stream():
