@@ -353,9 +353,10 @@ def keep_outputs(local: Path, reps: int, state_bytes: int) -> bool:
     (this machine's disk), creating a file skips every inode deleted in the last 60 s (360
     s while its inode table block is dirty), checking each in turn. A restore creates about
     12 files per slice against a download's 3, so the previous rep's clean-up costs it four
-    times as much; a new host restoring its slices has no such backlog."""
+    times as much; a new host restoring its slices has no such backlog. (The build's own
+    stores are kept too, for the same reason.)"""
     free = shutil.disk_usage(local).free
-    keep = free > 3 * reps * state_bytes * 1.2 + (2 << 30)
+    keep = free > (3 * reps + 1) * state_bytes * 1.2 + (2 << 30)
     if not keep:
         log(f"restore: {free / 1e9:.1f} GB free, so each rep's files are removed after it")
     return keep
@@ -379,11 +380,12 @@ def large_restore(
         for job in jobs:
             job.result()
     built = time.perf_counter() - started
-    shutil.rmtree(tmp / "build")
     heads = durable.heads(list(range(SLICES)))
     objects = fetch_list(loc, heads)
     log(f"restore: built {SLICES} slices in {built:.1f}s; {len(objects)} objects to fetch")
     keep = keep_outputs(local, reps, slice_bytes * SLICES)
+    if not keep:
+        shutil.rmtree(tmp / "build")  # else kept until the reps are done (`keep_outputs`)
     runs, here = [], []
     for rep in range(reps):  # interleaved, so machine noise hits all alike
         quiesce()
@@ -405,6 +407,7 @@ def large_restore(
             if rep < reps - 1:
                 shutil.rmtree(local / f"restore-{rep}")
     opens = store_opens(local / f"restore-{reps - 1}")
+    shutil.rmtree(tmp / "build", ignore_errors=True)
     for rep in range(reps):
         for name in (f"download-{rep}", f"restore-{rep}", f"here-{rep}"):
             shutil.rmtree(local / name, ignore_errors=True)
