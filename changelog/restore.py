@@ -7,14 +7,14 @@ never reads "until it looks finished". It refuses a gap, a corrupt or a foreign 
 naming the object and the reason, and reports bytes, records, rate and time left.
 
 Several slices restore as one pipeline (`restore_many`): every object transfer (manifests,
-SST files, changelog sections) of every slice goes through the process's one transfer pool,
-and a few finishing threads open each store and apply its changelog tail as soon as that
+SST files, changelog sections) of every slice goes through one set of transfer threads, and
+a few finishing threads open each store and apply its changelog tail as soon as that
 slice's files are in, while the transfers of later slices go on. RocksDB holds Python's GIL
-while it opens a store (it creates and fsyncs several files then: 10-40 ms on a busy
-disk), which stalls the transfer threads; but the object store keeps sending into the
-sockets' buffers meanwhile and the threads catch up after. Measured here, a parallel
-download of 1 GB lost little to 256 opens running beside it, while opening only after the
-transfers adds every open to the total.
+while it opens a store (it creates and fsyncs several files then), so transfer threads in
+the same process wait for every open; a restore with `OUT_OF_PROCESS_BYTES` of snapshots or
+more therefore runs its transfers in the worker's helper process
+(`changelog.transfer_process`), the opens here. Opening only after the transfers would add
+every open to the total.
 
 A slice whose open store only needs segments the host already has (another worker process
 of the host moved it on) is caught up first, in the calling thread: no transfers, no
