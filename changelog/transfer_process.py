@@ -323,9 +323,13 @@ def _serve(src: BinaryIO, out: BinaryIO) -> None:
         except (OSError, ValueError):
             pass  # the restoring process is gone
 
-    with ThreadPoolExecutor(FILE_THREADS, thread_name_prefix="shardless-io") as pool:
+    pool = ThreadPoolExecutor(FILE_THREADS, thread_name_prefix="shardless-io")
+    try:
         while (frame := _read_frame(src)) is not None:
             pool.submit(run, msgpack.unpackb(frame))
+    finally:
+        # the restoring process is done with us (or gone): what has not started, never will
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def main() -> None:
