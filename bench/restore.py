@@ -48,7 +48,7 @@ from changelog.durable import DurableState, SliceCommit
 from changelog.layout import AppLocation, Head, encode_log, encode_snaps, plan_restore
 from changelog.restore import identity
 from changelog.snapshot import decode_manifest, write_snapshot
-from changelog.transfer_process import transfer_process
+from changelog.transfer_process import TRANSFER_PROCESS_BYTES, transfer_process
 from processor import local_aws
 from processor.api import Context, Event
 from processor.grouping import group_slices
@@ -267,12 +267,17 @@ def plain_download(
 
 
 def restore_all(
-    loc: AppLocation, slices: int, root: Path, check: bool = False
+    loc: AppLocation,
+    slices: int,
+    root: Path,
+    check: bool = False,
+    transfer_process_bytes: int | None = TRANSFER_PROCESS_BYTES,
 ) -> tuple[float, int, list[dict[str, Any]], int]:
     """Seconds and bytes for a new worker to restore every slice to its head into empty
     directories (claims included), each slice's stats, and (with `check`) the sum of
-    the restored counters. The restored stores are closed and left under `root`."""
-    durable = DurableState(loc)
+    the restored counters. The restored stores are closed and left under `root`.
+    `transfer_process_bytes` as in `DurableState` (None: no transfer process)."""
+    durable = DurableState(loc, transfer_process_bytes=transfer_process_bytes)
     heads = durable.heads(list(range(slices)))
     forget_manifests()
     transfer_process().stop()  # a new worker has no helper yet: starting it is part of the restore
@@ -330,17 +335,6 @@ def store_opens(root: Path) -> dict[str, float]:
     }
 
 
-@contextmanager
-def in_process_transfers() -> Iterator[None]:
-    """Restores without the transfer process, as before it existed."""
-    saved = restore.TRANSFER_PROCESS
-    restore.TRANSFER_PROCESS = False
-    try:
-        yield
-    finally:
-        restore.TRANSFER_PROCESS = saved
-
-
 def quiesce() -> None:
     """Write out what earlier steps left dirty, so a timed step does not pay for it."""
     os.sync()
@@ -394,8 +388,9 @@ def large_restore(
         r_s, r_bytes, stats, _ = restore_all(loc, SLICES, local / f"restore-{rep}")
         runs.append((d_bytes / 1e6 / d_s, r_bytes / 1e6 / r_s, r_s, r_bytes, d_bytes, stats))
         quiesce()
-        with in_process_transfers():
-            h_s, h_bytes, _, _ = restore_all(loc, SLICES, local / f"here-{rep}")
+        h_s, h_bytes, _, _ = restore_all(
+            loc, SLICES, local / f"here-{rep}", transfer_process_bytes=None
+        )
         here.append(h_bytes / 1e6 / h_s)
         log(
             f"  rep {rep}: download {runs[-1][0]:.0f} MB/s, restore {runs[-1][1]:.0f} MB/s "
@@ -445,8 +440,7 @@ def large_restore(
             "value_bytes": value_bytes,
             "manifests_ahead": restore.MANIFESTS_AHEAD,
             "finish_threads": restore.FINISH_THREADS,
-            "transfer_process": restore.TRANSFER_PROCESS,
-            "out_of_process_bytes": restore.OUT_OF_PROCESS_BYTES,
+            "transfer_process_bytes": TRANSFER_PROCESS_BYTES,
             "open_after_transfers": restore.OPEN_AFTER_TRANSFERS,
             "file_threads": snapshot.FILE_THREADS,
             "download_threads": threads,

@@ -45,6 +45,7 @@ from changelog.layout import (
 )
 from changelog.segment import decode_section, encode_segment
 from changelog.snapshot import get_bytes, missing
+from changelog.transfer_process import TRANSFER_PROCESS_BYTES
 from state.store import Change
 
 _SLICES_PER_TRANSACTION = 100  # DynamoDB's limit of items per transaction
@@ -122,11 +123,18 @@ class DurableState:
     catches up a slice then reads no S3."""
 
     def __init__(
-        self, loc: AppLocation, keep_snapshots: int = 3, segment_cache: Path | None = None
+        self,
+        loc: AppLocation,
+        keep_snapshots: int = 3,
+        segment_cache: Path | None = None,
+        transfer_process_bytes: int | None = TRANSFER_PROCESS_BYTES,
     ) -> None:
         self.loc = loc
         self.keep_snapshots = keep_snapshots
         self.segment_cache = segment_cache
+        # a restore fetching at least this many bytes of snapshots runs its transfers in the
+        # worker's helper process (`changelog.transfer_process`); None: never
+        self.transfer_process_bytes = transfer_process_bytes
 
     @property
     def _s3(self):  # noqa: ANN202

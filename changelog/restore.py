@@ -11,8 +11,8 @@ SST files, changelog sections) of every slice goes through one set of transfer t
 a few finishing threads open each store and apply its changelog tail as soon as that
 slice's files are in, while the transfers of later slices go on. RocksDB holds Python's GIL
 while it opens a store (it creates and fsyncs several files then), so transfer threads in
-the same process wait for every open; a restore with `OUT_OF_PROCESS_BYTES` of snapshots or
-more therefore runs its transfers in the worker's helper process
+the same process wait for every open; a restore with `durable.transfer_process_bytes` of
+snapshots or more therefore runs its transfers in the worker's helper process
 (`changelog.transfer_process`), the opens here. Opening only after the transfers would add
 every open to the total.
 
@@ -47,7 +47,7 @@ from changelog.snapshot import (
     missing,
     settle,
 )
-from changelog.transfer_process import transfer_process
+from changelog.transfer_process import in_helper, transfer_process
 from state.errors import CorruptStoreError
 from state.store import Change, SliceStore
 
@@ -58,8 +58,6 @@ PREFETCH_SECTIONS = 256  # at most this many of them
 OPEN_AFTER_TRANSFERS = False  # True: open no store before every transfer is done
 MANIFESTS_AHEAD = FILE_THREADS  # manifests requested ahead of the slice whose files are queued
 FINISH_THREADS = 4  # threads opening stores and applying tails while transfers go on
-TRANSFER_PROCESS = True  # SST downloads of large restores in the helper process
-OUT_OF_PROCESS_BYTES = 64 << 20  # "large": this many bytes of snapshots in one restore
 
 
 @dataclass
@@ -74,6 +72,7 @@ class RestoreStats:
     bytes: int = 0
     seconds: float = 0.0
     rolled_back: bool = False
+    transfer_process: bool = False  # its snapshot's SST files came through the helper process
 
     @property
     def mb_per_s(self) -> float:
@@ -225,9 +224,10 @@ def restore_many(
             if w.error is None and _catch_up_here(w, durable):
                 _guard(w, tails, lambda w=w: _finish(w, durable, direct, progress, started))
         rest = [w for w in work if w.error is None and not w.done]
-        tails.transfers = sst_transfers(
-            sum(w.plan.snapshot.bytes for w in rest if w.plan and w.plan.snapshot)
-        )
+        if rest:
+            tails.transfers = transfers_for(
+                durable, sum(w.plan.snapshot.bytes for w in rest if w.plan and w.plan.snapshot)
+            )
         tails.plan([(w, e) for w in rest if w.plan for e in w.plan.entries])
         tails.top_up()
         if rest:
@@ -337,11 +337,12 @@ def _prepare(w: _Work, durable: DurableState) -> None:
         SliceStore.destroy(job.path)
 
 
-def sst_transfers(snapshot_bytes: int) -> Transfers:
-    """Where a restore with `snapshot_bytes` to fetch downloads its SST objects: the helper
-    process (started now) when they are many, this process's transfer pool otherwise
-    (starting the helper costs more than a small restore)."""
-    if TRANSFER_PROCESS and snapshot_bytes >= OUT_OF_PROCESS_BYTES:
+def transfers_for(durable: DurableState, snapshot_bytes: int) -> Transfers:
+    """Where a restore with `snapshot_bytes` of snapshots to fetch runs its transfers: the
+    helper process (started now) from `durable.transfer_process_bytes` on, this process's
+    transfer pool below (starting the helper costs more than a small restore saves)."""
+    limit = durable.transfer_process_bytes
+    if limit is not None and snapshot_bytes >= limit:
         helper = transfer_process()
         if helper.start():
             return helper
@@ -455,6 +456,7 @@ def _finish(
         snap = how.snapshot
         where = f"s3://{durable.loc.bucket}/{snap.key}"
         stats.snapshot_bytes = settle(w.files)  # its SST and inline files
+        stats.transfer_process = any(in_helper(f) for f in w.files)
         stats.snapshot_version = snap.version
         stats.bytes += stats.snapshot_bytes
         try:

@@ -7,9 +7,10 @@ threads take turns. Measured here (1 GB over 256 objects from moto server, 2 cor
 store opens beside a parallel download made it 1.06 s slower (median of 6); with the
 download in another process, 0.26 s.
 
-So a restore with many bytes of SST objects to fetch (`restore.OUT_OF_PROCESS_BYTES`)
-hands its transfers to a helper process, `python -m changelog.transfer_process`, started
-once per worker process and kept while the worker lives. The helper streams each SST object
+So a restore with many bytes of snapshots to fetch (`DurableState.transfer_process_bytes`,
+`TRANSFER_PROCESS_BYTES` by default, the `transfer_process_mb` setting) hands its transfers
+to a helper process, `python -m changelog.transfer_process`, started once per worker process
+and kept while the worker lives. The helper streams each SST object
 into its file with the checks of `snapshot.download_sst` (header, size, CRC-32) and answers
 with the bytes written, or fetches a small object (a manifest, a changelog section) and
 answers with its bytes, which this process verifies as it would its own. A refusal comes
@@ -66,6 +67,7 @@ from changelog.snapshot import (
 
 log = logging.getLogger(__name__)
 
+TRANSFER_PROCESS_BYTES = 64 << 20  # a restore fetching this many bytes of snapshots uses it
 _LENGTH = struct.Struct(">I")
 _F_SETPIPE_SZ = 1031  # Linux
 _PIPE_BYTES = 1 << 20
@@ -173,6 +175,7 @@ class TransferProcess:
                 try:
                     _write_frame(proc.stdin, msgpack.packb([rid, *req.body]))  # type: ignore[arg-type]
                     self.sent += 1
+                    req.future.in_helper = True  # type: ignore[attr-defined]
                     return req.future
                 except (OSError, ValueError):  # the helper is gone: its reader requeues
                     self._pending.pop(rid, None)
@@ -283,6 +286,12 @@ class TransferProcess:
                 req.future.set_exception(exc)
 
         inner.add_done_callback(copy)
+
+
+def in_helper(future: Future) -> bool:
+    """Whether `future`'s transfer was handed to a helper process (a transfer it left
+    unfinished, and then ran here, counts too)."""
+    return getattr(future, "in_helper", False)
 
 
 _lock = threading.Lock()

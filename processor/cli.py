@@ -76,6 +76,7 @@ def _run(args: argparse.Namespace) -> int:
         snapshot_every=args.snapshot_every,
         snapshot_log_mb=args.snapshot_log_mb,
         keep_snapshots=args.keep_snapshots,
+        transfer_process_mb=args.transfer_process_mb,
         decoder=args.decoder,
         on_decode_error=args.on_decode_error,
         on_handler_error=args.on_handler_error,
@@ -199,6 +200,13 @@ def parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--snapshot-every", type=int, default=32, help="versions between a slice's snapshots"
+    )
+    run.add_argument(
+        "--transfer-process-mb",
+        type=float,
+        default=64.0,
+        help="a restore fetching at least this many MB of snapshots runs its S3 transfers in "
+        "a helper process, out of the way of the store opens",
     )
     run.add_argument(
         "--snapshot-log-mb",

@@ -63,6 +63,7 @@ class JobConfig:
     snapshot_every: int = 32
     snapshot_log_mb: int = 64
     keep_snapshots: int = 3
+    transfer_process_mb: float = 64.0
     decoder: str = "raw"
     on_decode_error: str = "fail"
     on_handler_error: str = "fail"
@@ -100,6 +101,11 @@ class JobConfig:
             raise ConfigError(f"--snapshot-log-mb {self.snapshot_log_mb}: must be >= 1")
         if not 1 <= self.keep_snapshots <= 20:
             raise ConfigError(f"--keep-snapshots {self.keep_snapshots}: must be between 1 and 20")
+        if not 0 <= self.transfer_process_mb <= 1_000_000:
+            raise ConfigError(
+                f"--transfer-process-mb {self.transfer_process_mb}: must be between 0 (every "
+                "restore that fetches anything) and 1000000 (in effect never)"
+            )
         if not 1 <= self.groups <= self.slices:
             raise ConfigError(
                 f"--groups {self.groups}: must be between 1 and slices ({self.slices})"

@@ -196,6 +196,7 @@ def outputs(
             snapshot_every=cfg.snapshot_every,
             snapshot_log_bytes=cfg.snapshot_log_mb * 1024 * 1024,
             keep_snapshots=cfg.keep_snapshots,
+            transfer_process_bytes=int(cfg.transfer_process_mb * 1024 * 1024),
             fixed_columns={c: v for c, v in fixed.items() if c not in columns},
             policy=cfg.record_policy(),
             dead_letter=cfg.dead_letter,

@@ -48,6 +48,7 @@ import pandas as pd
 from changelog.durable import DurableState, HeadConflictError, SliceCommit
 from changelog.layout import AppLocation, Head, SnapRef, new_uid, snapshot_due
 from changelog.snapshot import read_manifest, write_snapshot
+from changelog.transfer_process import TRANSFER_PROCESS_BYTES
 from processor.api import Event
 from processor.dead_letter import DeadLetter, target
 from processor.errors import ProcessorError
@@ -78,6 +79,7 @@ class RuntimeConfig:
     snapshot_every: int = 32
     snapshot_log_bytes: int = 64 * 1024 * 1024
     keep_snapshots: int = 3
+    transfer_process_bytes: int | None = TRANSFER_PROCESS_BYTES
     value_format: int = encoding.MSGPACK
     allow_pickle: bool = False
     timer_poll_ms: int = 1000
@@ -305,7 +307,12 @@ class GroupRunner:
         data = _prepare(pdf, cfg.fixed_columns)
         took["prepare"] = time.perf_counter() - started
         cache = cache_for(cfg.local_dir, cfg.location.app, cfg.slices)
-        durable = DurableState(cfg.location, cfg.keep_snapshots, segment_cache=cache.segments)
+        durable = DurableState(
+            cfg.location,
+            cfg.keep_snapshots,
+            segment_cache=cache.segments,
+            transfer_process_bytes=cfg.transfer_process_bytes,
+        )
         try:
             try:
                 rows, metrics, pending_out = self._attempt(

@@ -181,3 +181,36 @@ def test_cli_run_reports_a_failing_handler_in_one_line(
     assert code == 2
     assert err[-1].startswith("shardless: handler failed on record ")
     assert "(key 'k', slice" in err[-1] and "ValueError: boom; --on-handler-error" in err[-1]
+
+
+def test_restores_through_the_transfer_process_inside_spark_workers(
+    spark, kinesis, make_stream, location, tmp_path
+):
+    """With `transfer_process_mb=0` every restore that fetches objects hands them to the
+    helper process, started by Spark's own Python workers (which import shardless from
+    their sys.path): a new cluster rebuilds its slices from snapshots that way, and the
+    outputs still equal the plain fold."""
+    stream = make_stream(2)
+    cfg = job_config(
+        location,
+        (stream,),
+        tmp_path,
+        max_records_per_shard=300,
+        snapshot_every=2,
+        transfer_process_mb=0,
+    )
+    out_dir = str(tmp_path / "out")
+    produce(kinesis, stream, 1200, seed=3)
+    first = run_job(spark, cfg, out_dir, wipe_after=set())
+    produce(kinesis, stream, 400, seed=4)
+    shutil.rmtree(tmp_path / "stores")  # a new cluster: every slice restores
+    second = run_job(spark, cfg, out_dir, wipe_after=set())
+
+    restores = [r for rep in second for r in rep.restores]
+    from_snapshots = [r for r in restores if r["snapshot_version"]]
+    assert from_snapshots, "no slice restored from a snapshot"
+    # the workers started their helpers in the first run: these SST files came through them
+    assert any(r["transfer_process"] for r in from_snapshots)
+    expected, total = demo.reference_fold(kinesis, stream)
+    assert sum(r.records for r in first + second) == total == 1600
+    assert demo.check_outputs(spark, out_dir, expected) == []

@@ -16,7 +16,12 @@ from changelog.durable import DurableState, section_range
 from changelog.errors import CorruptObjectError, MissingObjectError
 from changelog.restore import RestoreJob, identity, restore_many
 from changelog.snapshot import IN_PROCESS, manifests, read_manifest
-from changelog.transfer_process import TransferProcess, _read_frame, _write_frame
+from changelog.transfer_process import (
+    TRANSFER_PROCESS_BYTES,
+    TransferProcess,
+    _read_frame,
+    _write_frame,
+)
 from tests.test_durable import SLICES
 from tests.test_restore_many import build, corrupt
 
@@ -27,7 +32,6 @@ def helper(monkeypatch):
     tp = TransferProcess()
     assert tp.wait_ready(60)
     monkeypatch.setattr(restore_module, "transfer_process", lambda: tp)
-    monkeypatch.setattr(restore_module, "OUT_OF_PROCESS_BYTES", 0)
     yield tp
     tp.stop()
 
@@ -43,7 +47,7 @@ def jobs_for(location, tmp_path, heads, target: int) -> list[RestoreJob]:
 def test_a_large_restore_transfers_in_the_helper_and_builds_the_same_stores(
     location, tmp_path, helper
 ):
-    durable = DurableState(location)
+    durable = DurableState(location, transfer_process_bytes=0)
     writers = {s: build(location, tmp_path, s, 3, snapshot_at=2) for s in (1, 2, 3)}
     heads = durable.heads(list(writers))
     manifests._items.clear()
@@ -57,6 +61,7 @@ def test_a_large_restore_transfers_in_the_helper_and_builds_the_same_stores(
     # per slice: its manifest, its SST object(s) and its changelog section, none here
     assert helper.starts == 1 and helper.ran_here == 0
     assert helper.sent == sum(2 + h.snaps[-1].files for h in heads.values())
+    assert all(o.stats.transfer_process for o in outcomes)
     assert helper.helper_pid not in (None, os.getpid())
 
 
@@ -70,12 +75,16 @@ def test_a_small_restore_does_not_start_the_helper(location, tmp_path, monkeypat
     (o,) = restore_many(jobs_for(location, tmp_path, heads, 3), durable)
     assert o.error is None and dict(o.store.items()) == dict(writer.items())
     o.store.close()
-    assert (tp.starts, tp.sent) == (0, 0)
-    assert restore_module.sst_transfers(restore_module.OUT_OF_PROCESS_BYTES - 1) is IN_PROCESS
+    assert (tp.starts, tp.sent) == (0, 0) and not o.stats.transfer_process
+    limit = durable.transfer_process_bytes
+    assert limit == TRANSFER_PROCESS_BYTES
+    assert restore_module.transfers_for(durable, limit - 1) is IN_PROCESS
+    never = DurableState(location, transfer_process_bytes=None)
+    assert restore_module.transfers_for(never, 1 << 40) is IN_PROCESS and tp.starts == 0
 
 
 def test_the_helper_refuses_a_corrupt_sst_object_naming_it(location, tmp_path, helper):
-    durable = DurableState(location)
+    durable = DurableState(location, transfer_process_bytes=0)
     for s in (1, 2):
         build(location, tmp_path, s, 3, snapshot_at=2)
     heads = durable.heads([1, 2])
@@ -96,7 +105,7 @@ def test_the_helper_refuses_a_corrupt_sst_object_naming_it(location, tmp_path, h
 
 
 def test_objects_missing_from_the_bucket_are_named_as_in_process(location, tmp_path, helper):
-    durable = DurableState(location)
+    durable = DurableState(location, transfer_process_bytes=0)
     for s in (1, 2):
         build(location, tmp_path, s, 3, snapshot_at=2)
     heads = durable.heads([1, 2])
