@@ -74,8 +74,8 @@ _PIPE_BYTES = 1 << 20
 
 
 class TransferError(ChangelogError):
-    """The helper process could not download an object, for a reason other than the
-    object itself (an S3 error that outlived the retries, a local disk error)."""
+    """The helper process could not transfer an object, for a reason other than the object
+    itself (an S3 error that outlived the retries, a local disk error)."""
 
 
 def _write_frame(out: BinaryIO, body: bytes) -> None:
@@ -110,7 +110,8 @@ class _Request:
 
 
 class TransferProcess:
-    """Runs `download_sst` in the helper process; a drop-in for `snapshot.IN_PROCESS`."""
+    """Runs `download_sst` and `get_bytes` in the helper process; a drop-in for
+    `snapshot.IN_PROCESS` (`snapshot.Transfers`)."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
@@ -121,8 +122,8 @@ class TransferProcess:
         self._ready: subprocess.Popen | None = None  # the helper that said it is ready
         self._broken = False  # a helper died before it was ready: none is started again
         self.starts = 0  # helper processes started
-        self.sent = 0  # downloads handed to a helper
-        self.ran_here = 0  # downloads that ran in this process instead
+        self.sent = 0  # transfers handed to a helper
+        self.ran_here = 0  # transfers that ran in this process instead
 
     @property
     def helper_pid(self) -> int | None:
