@@ -169,7 +169,7 @@ class FloorRunner:
         from processor.runtime import _COLUMNS
 
         n = sum(len(p) for p in pdfs)
-        row = ("metrics", -1, 0, 0, "", json.dumps({"records": n, "seconds": 0.0}))
+        row = ("metrics", -1, 0, 0, "", json.dumps({"records": n, "seconds": 0.0, "floor": True}))
         yield pd.DataFrame([row], columns=_COLUMNS)
 
 
@@ -196,13 +196,11 @@ def query_for(
             .groupBy("partition_key")
             .transformWithStateInPandas(_count_processor(), out_schema, "Update", "None")
         )
-    from unittest import mock
-
     from changelog import resources
-    from processor import job
     from processor.config import JobConfig
     from processor.handlers import HandlerFactory
     from processor.job import as_records, outputs
+    from processor.runtime import GroupRunner
 
     groups = int(spark.conf.get("spark.sql.shuffle.partitions"))
     cfg = JobConfig(
@@ -216,9 +214,8 @@ def query_for(
     resources.ensure(cfg.location, cfg.slices)
     records = as_records(src, slices, "bench")
     # the floor: the same plan, built with FloorRunner where the runtime would be
-    runner = FloorRunner if contender == "python_floor" else job.GroupRunner
-    with mock.patch.object(job, "GroupRunner", runner):
-        return outputs(spark, HandlerFactory(counter), cfg, records)
+    runner = FloorRunner if contender == "python_floor" else GroupRunner
+    return outputs(spark, HandlerFactory(counter), cfg, records, runner)
 
 
 def cpu_seconds(pid: int | None) -> float:
@@ -311,10 +308,12 @@ def run(
 
     def check(batch: Any, batch_id: int) -> None:
         if contender == "python_floor":
-            rows = batch.where("kind = 'metrics'").collect()
-            got, want = sum(json.loads(r.value)["records"] for r in rows), w.sizes[batch_id]
+            rows = [json.loads(r.value) for r in batch.where("kind = 'metrics'").collect()]
+            got, want = sum(m["records"] for m in rows), w.sizes[batch_id]
             if got != want:
                 result.errors.append(f"batch {batch_id}: {got} records seen, not {want}")
+            if not all(m.get("floor") for m in rows):
+                result.errors.append(f"batch {batch_id}: the floor ran shardless's runtime")
             return
         if contender == "shardless":
             metrics = [json.loads(r.value) for r in batch.where("kind = 'metrics'").collect()]

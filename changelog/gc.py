@@ -26,7 +26,7 @@ from changelog import aws
 from changelog.durable import DurableState
 from changelog.errors import ChangelogError
 from changelog.layout import AppLocation
-from changelog.snapshot import read_manifest
+from changelog.snapshot import is_missing, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def _load_pending(loc: AppLocation) -> dict[str, int]:
             .read()
         )
     except ClientError as exc:
-        if exc.response["Error"]["Code"] in {"NoSuchKey", "404"}:
+        if is_missing(exc):
             return {}
         raise
     return {str(k): int(v) for k, v in msgpack.unpackb(raw).items()}

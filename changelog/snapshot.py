@@ -404,8 +404,9 @@ def needed_on_open(name: str) -> bool:
 
 
 def write_inline(m: Manifest, dest: Path, on_bytes: OnBytes = _ignore) -> int:
-    """Write the manifest's small files (CURRENT, MANIFEST-*, OPTIONS-*) into `dest`, and
-    the IDENTITY file its MANIFEST implies (not counted: it was not fetched)."""
+    """Write the manifest's small files that the open needs (CURRENT, MANIFEST-*; not the
+    ones `needed_on_open` leaves out) into `dest`, and the IDENTITY file its MANIFEST
+    implies (not counted: it was not fetched)."""
     _inline_names(m)
     dest.mkdir(parents=True, exist_ok=True)
     total = 0

@@ -143,12 +143,15 @@ def outputs(
     handlers: HandlerFactory,
     cfg: JobConfig,
     records: DataFrame | None = None,
+    runner: type = GroupRunner,
 ) -> DataFrame:
     """The streaming DataFrame of outputs (and per-group metrics rows, kind='metrics').
 
     The input is the Kinesis source of `cfg`, or `records`: any streaming DataFrame with the
     Kinesis source's columns, or `as_records`'s (files in a benchmark, say). Durable commits
-    go to the application's S3 bucket and DynamoDB table either way.
+    go to the application's S3 bucket and DynamoDB table either way. `runner` is the class
+    Spark calls per group, built as `runner(handlers, RuntimeConfig)` (a benchmark swaps in
+    one that does no state work).
     """
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
     if partitions != cfg.groups:
@@ -184,7 +187,7 @@ def outputs(
     grouped = records.withWatermark("arrival", f"{cfg.allowed_lateness_ms} milliseconds").select(
         F.element_at(key_array, group_index + 1).alias("group"), *columns
     )
-    runner = GroupRunner(
+    group_function = runner(
         handlers,
         RuntimeConfig(
             location=cfg.location,
@@ -203,7 +206,11 @@ def outputs(
         ),
     )
     return grouped.groupBy("group").applyInPandasWithState(
-        runner, OUTPUT_SCHEMA, STATE_SCHEMA, "Update", GroupStateTimeout.ProcessingTimeTimeout
+        group_function,
+        OUTPUT_SCHEMA,
+        STATE_SCHEMA,
+        "Update",
+        GroupStateTimeout.ProcessingTimeTimeout,
     )
 
 

@@ -115,4 +115,4 @@ def test_the_floor_runner_counts_its_input_and_keeps_no_state() -> None:
     frames = [pd.DataFrame({"partition_key": ["a", "b"]}), pd.DataFrame({"partition_key": ["c"]})]
     (out,) = vs_spark.FloorRunner(None, None)(("g",), iter(frames), None)
     assert list(out.columns) == _COLUMNS and list(out.kind) == ["metrics"]
-    assert json.loads(out.value[0])["records"] == 3
+    assert json.loads(out.value[0]) == {"records": 3, "seconds": 0.0, "floor": True}
