@@ -77,6 +77,8 @@ def _run(args: argparse.Namespace) -> int:
         snapshot_log_mb=args.snapshot_log_mb,
         keep_snapshots=args.keep_snapshots,
         transfer_process_mb=args.transfer_process_mb,
+        group_owner=args.group_owner,
+        owner_idle_seconds=args.owner_idle_seconds,
         decoder=args.decoder,
         on_decode_error=args.on_decode_error,
         on_handler_error=args.on_handler_error,
@@ -207,6 +209,20 @@ def parser() -> argparse.ArgumentParser:
         default=64.0,
         help="a restore fetching at least this many MB of snapshots runs its S3 transfers in "
         "a helper process, out of the way of the store opens",
+    )
+    run.add_argument(
+        "--group-owner",
+        choices=("worker", "process"),
+        default="worker",
+        help="who runs a group's batches and keeps its stores: the Python worker Spark hands "
+        "it (default), or one owner process per group and host (Linux), so that groups stay "
+        "put when executors have several cores",
+    )
+    run.add_argument(
+        "--owner-idle-seconds",
+        type=int,
+        default=600,
+        help="with --group-owner process: an owner process exits after this long without a batch",
     )
     run.add_argument(
         "--snapshot-log-mb",

@@ -12,6 +12,7 @@ from processor.errors import ConfigError
 from processor.kinesis.positions import check_starting
 from processor.kinesis.reader import CORRUPT_POLICIES as ON_CORRUPT_AGGREGATE
 from processor.kinesis.reader import POLICIES as ON_TRIMMED
+from processor.owner import check_supported
 from processor.policies import RecordPolicy
 from state.slices import DEFAULT_SLICES, check_slices
 
@@ -64,6 +65,8 @@ class JobConfig:
     snapshot_log_mb: int = 64
     keep_snapshots: int = 3
     transfer_process_mb: float = 64.0
+    group_owner: str = "worker"
+    owner_idle_seconds: int = 600
     decoder: str = "raw"
     on_decode_error: str = "fail"
     on_handler_error: str = "fail"
@@ -105,6 +108,18 @@ class JobConfig:
             raise ConfigError(
                 f"--transfer-process-mb {self.transfer_process_mb}: must be between 0 (every "
                 "restore that fetches anything) and 1000000 (in effect never)"
+            )
+        if self.group_owner not in ("worker", "process"):
+            raise ConfigError(
+                f"--group-owner {self.group_owner!r}: use worker (the Python worker Spark hands "
+                "the group runs it, the default) or process (one owner process per group and "
+                "host)"
+            )
+        if self.group_owner == "process":
+            check_supported()
+        if isinstance(self.owner_idle_seconds, bool) or not 1 <= self.owner_idle_seconds <= 86400:
+            raise ConfigError(
+                f"--owner-idle-seconds {self.owner_idle_seconds!r}: must be between 1 and 86400"
             )
         if not 1 <= self.groups <= self.slices:
             raise ConfigError(

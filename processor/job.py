@@ -200,6 +200,8 @@ def outputs(
             snapshot_log_bytes=cfg.snapshot_log_mb * 1024 * 1024,
             keep_snapshots=cfg.keep_snapshots,
             transfer_process_bytes=int(cfg.transfer_process_mb * 1024 * 1024),
+            group_owner=cfg.group_owner,
+            owner_idle_seconds=cfg.owner_idle_seconds,
             fixed_columns={c: v for c, v in fixed.items() if c not in columns},
             policy=cfg.record_policy(),
             dead_letter=cfg.dead_letter,
@@ -230,6 +232,7 @@ class BatchReport:
     restored_bytes: int = 0
     restore_seconds_max: float = 0.0
     restores: list[dict[str, Any]] = field(default_factory=list)
+    group_pids: dict[int, int] = field(default_factory=dict)  # the process that ran each group
 
     @property
     def restored(self) -> list[dict[str, Any]]:
@@ -292,6 +295,7 @@ def start(
                 report.group_seconds_max = max(report.group_seconds_max, m["seconds"])
                 report.timers_fired += m["timers_fired"]
                 report.restores += m["restores"]
+                report.group_pids[m["group"]] = m.get("pid", 0)
                 report.snapshots += m.get("snapshots", 0)
                 report.snapshot_bytes += m.get("snapshot_bytes", 0)
                 report.restored_bytes += sum(r["bytes"] for r in m["restores"])

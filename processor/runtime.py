@@ -53,6 +53,7 @@ from processor.api import Event
 from processor.dead_letter import DeadLetter, target
 from processor.errors import ProcessorError
 from processor.handlers import HandlerFactory, handler_for
+from processor.owner import OWNER_IDLE_SECONDS
 from processor.policies import RecordPolicy
 from processor.stores import StoreCache, cache_for
 from processor.task import run_slice
@@ -92,6 +93,10 @@ class RuntimeConfig:
     # where records set aside go (`processor.dead_letter.target`); None: the application's
     # bucket under `<prefix>/dead-letter`
     dead_letter: str | None = None
+    # "worker": the Python worker Spark hands the group runs it with its own stores;
+    # "process": the group's owner process on this host does (`processor.owner`)
+    group_owner: str = "worker"
+    owner_idle_seconds: int = OWNER_IDLE_SECONDS
 
     def dead_letter_target(self) -> str:
         return self.dead_letter or f"s3://{self.location.bucket}/{self.location.prefix}/dead-letter"
@@ -263,20 +268,12 @@ class GroupRunner:
         except Exception:  # noqa: BLE001 - no watermark defined on this query
             watermark_ms = -1
         group = int(key[0])
-        profile_dir = os.environ.get(PROFILE_ENV)
-        profiler = cProfile.Profile() if profile_dir else None
-        if profiler is not None:
-            profiler.enable()
-        try:
-            with no_cycle_collection():
-                out, pending = self.run(
-                    group, query, batch, pdf, pending, now_ms, watermark_ms, took
-                )
-        finally:
-            if profiler is not None:
-                profiler.disable()
-                Path(profile_dir).mkdir(parents=True, exist_ok=True)  # type: ignore[arg-type]
-                profiler.dump_stats(f"{profile_dir}/g{group}-b{batch}-p{os.getpid()}.prof")
+        if self.config.group_owner == "process":
+            out, pending = self._in_owner(
+                (group, query, batch, pdf, pending, now_ms, watermark_ms, took)
+            )
+        else:
+            out, pending = self._here(group, query, batch, pdf, pending, now_ms, watermark_ms, took)
         if pending:
             state.update((_dumps({str(s): v for s, v in pending.items()}),))
             nexts = [p for p, _ in pending.values() if p is not None]
@@ -287,6 +284,44 @@ class GroupRunner:
         elif state.exists:
             state.remove()
         yield out
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_blob"}
+
+    def _in_owner(self, args: tuple) -> tuple[pd.DataFrame, Pending]:
+        """Run the batch in the group's owner process on this host (`processor.owner`)."""
+        from pyspark import cloudpickle
+
+        from processor import owner
+
+        blob = self.__dict__.get("_blob")
+        if blob is None:
+            blob = self._blob = cloudpickle.dumps(self)
+        return owner.call(self, blob, args)
+
+    def _here(
+        self,
+        group: int,
+        query: str,
+        batch: int,
+        pdf: pd.DataFrame | None,
+        pending: Pending,
+        now_ms: int,
+        watermark_ms: int,
+        took: dict[str, float],
+    ) -> tuple[pd.DataFrame, Pending]:
+        profile_dir = os.environ.get(PROFILE_ENV)
+        profiler = cProfile.Profile() if profile_dir else None
+        if profiler is not None:
+            profiler.enable()
+        try:
+            with no_cycle_collection():
+                return self.run(group, query, batch, pdf, pending, now_ms, watermark_ms, took)
+        finally:
+            if profiler is not None:
+                profiler.disable()
+                Path(profile_dir).mkdir(parents=True, exist_ok=True)  # type: ignore[arg-type]
+                profiler.dump_stats(f"{profile_dir}/g{group}-b{batch}-p{os.getpid()}.prof")
 
     def run(
         self,
@@ -330,6 +365,7 @@ class GroupRunner:
             cache.forget(group)
             raise
         metrics["seconds"] = time.perf_counter() - started
+        metrics["pid"] = os.getpid()
         metrics["called_at"] = round(took.pop("called_at", time.time() - metrics["seconds"]), 3)
         metrics["timings"] = {k: round(v, 4) for k, v in took.items()}
         rows.append(("metrics", -1, batch, 0, "", _dumps(metrics)))

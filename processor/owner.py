@@ -1,0 +1,366 @@
+"""Group owner processes: one long-lived process per group and host runs the group's
+batches and keeps its slice stores open, whichever Python worker Spark hands the group.
+
+With several Python workers per executor (`local[*]`, `spark.executor.cores` > 1), Spark
+gives a task any idle worker, so a group changes worker from batch to batch and each move
+costs a catch-up of every slice of the group (or, the first time a worker gets the group,
+a rebuild). With `--group-owner process` the worker only carries the group's records to
+its owner and the results back: the owner is the same process every batch on that host.
+
+The worker finds the owner at an abstract Unix socket named for the local directory, the
+application and the group (Linux; nothing on disk to go stale). If none answers, it starts
+one, `python -m processor.owner`, with its own environment and `sys.path`; when two workers
+start one at once, the second cannot bind the name and exits, and both talk to the first.
+An owner runs one batch at a time, in the order the calls arrive. It exits after
+`--owner-idle-seconds` without a call, or within a second of its watched process (the
+Python worker's parent: PySpark's daemon, which lives as long as the executor) going away.
+
+Nothing about correctness depends on it: the owner runs the same `GroupRunner.run` with
+the same conditional commits. If it dies during a batch the task fails, Spark runs the
+task again, and a new owner adopts the dead one's store directory and catches up; if the
+worker dies instead, the owner finishes the batch and its commit is one Spark's re-run
+recognises as its own (`processor.runtime`). Each owner logs to
+`<local_dir>/<app>/owners/g<group>.log`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import pickle
+import socket
+import struct
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from processor.errors import ConfigError, ProcessorError
+
+log = logging.getLogger(__name__)
+
+OWNER_IDLE_SECONDS = 600
+STARTUP_SECONDS = 60.0
+_HEADER = struct.Struct("!Q")
+_RUNNERS_KEPT = 8
+_children: list[subprocess.Popen] = []
+
+
+class OwnerError(ProcessorError):
+    """A group's owner process could not be started or did not answer."""
+
+
+def supported() -> bool:
+    """Owner processes need abstract Unix sockets, a Linux feature."""
+    return sys.platform.startswith("linux")
+
+
+def check_supported() -> None:
+    if not supported():
+        raise ConfigError(
+            f"--group-owner process needs Linux (abstract Unix sockets); this is "
+            f"{sys.platform}: use --group-owner worker"
+        )
+
+
+def address(local_dir: str, app: str, group: int) -> str:
+    """The owner's socket name (without the abstract namespace's leading NUL)."""
+    where = f"{Path(local_dir).resolve()}\0{app}".encode()
+    return f"shardless-{hashlib.sha1(where).hexdigest()[:24]}-g{group}"
+
+
+def log_path(local_dir: str, app: str, group: int) -> Path:
+    return Path(local_dir) / app / "owners" / f"g{group:05d}.log"
+
+
+def _send(sock: socket.socket, obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=5)
+    sock.sendall(_HEADER.pack(len(data)))
+    sock.sendall(data)
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytearray:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if not k:
+            raise EOFError(f"connection closed after {got} of {n} bytes")
+        got += k
+    return buf
+
+
+def _recv(sock: socket.socket) -> Any:
+    (n,) = _HEADER.unpack(_recv_exactly(sock, _HEADER.size))
+    return pickle.loads(_recv_exactly(sock, n))
+
+
+def _connect(name: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect("\0" + name)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _reap() -> None:
+    for child in list(_children):
+        if child.poll() is not None:
+            _children.remove(child)
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def start(local_dir: str, app: str, group: int, watch: int, idle_seconds: int) -> subprocess.Popen:
+    """Start an owner for `group` (it exits at once if another one already answers)."""
+    logs = log_path(local_dir, app, group)
+    logs.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    with open(logs, "ab") as out:
+        child = subprocess.Popen(
+            [
+                sys.executable, "-m", "processor.owner",
+                address(local_dir, app, group), str(watch), str(idle_seconds),
+            ],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )  # fmt: skip
+    _children.append(child)
+    return child
+
+
+def connect(
+    local_dir: str,
+    app: str,
+    group: int,
+    watch: int | None = None,
+    idle_seconds: int = OWNER_IDLE_SECONDS,
+    timeout: float = STARTUP_SECONDS,
+) -> socket.socket:
+    """A connection to `group`'s owner on this host, started if none answers. `watch`:
+    the process whose end ends the owner (default: this process's parent)."""
+    check_supported()
+    _reap()
+    name = address(local_dir, app, group)
+    try:
+        return _connect(name)
+    except (ConnectionRefusedError, FileNotFoundError):
+        pass
+    child = start(local_dir, app, group, os.getppid() if watch is None else watch, idle_seconds)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return _connect(name)
+        except (ConnectionRefusedError, FileNotFoundError):
+            pass
+        if child.poll() not in (None, 0) or time.monotonic() > deadline:
+            if child.poll() is None:
+                child.kill()
+            where = log_path(local_dir, app, group)
+            raise OwnerError(
+                f"group {group}'s owner process did not start (exit code {child.poll()}, "
+                f"{timeout:.0f} s allowed); its log, {where}:\n{_tail(where)}"
+            )
+        time.sleep(0.005)
+
+
+def call(
+    runner: Any,
+    blob: bytes,
+    args: tuple,
+    watch: int | None = None,
+) -> Any:
+    """Run `runner.run(*args)` in the owner of the group `args[0]`; `blob` is `runner`
+    pickled (the owner keeps the runner it unpickled for later calls with the same blob).
+    Errors raised in the owner are raised here."""
+    cfg = runner.config
+    group, batch = args[0], args[2]
+    request = ("run", (hashlib.sha1(blob).digest(), blob, args, time.time()))
+    deadline = time.monotonic() + STARTUP_SECONDS
+    reruns = 0
+    while True:
+        sock = connect(cfg.local_dir, cfg.location.app, group, watch, cfg.owner_idle_seconds)
+        accepted = None
+        try:
+            with sock:
+                _send(sock, request)
+                accepted = _recv(sock)[1]  # the owner's pid: it has the batch
+                kind, value, text = _recv(sock)
+            break
+        except (EOFError, ConnectionError) as exc:
+            where = log_path(cfg.local_dir, cfg.location.app, group)
+            if accepted is None and time.monotonic() < deadline:
+                time.sleep(0.01)  # an owner that was exiting as we connected: start another
+                continue
+            if accepted is not None and not reruns:
+                # It died with the batch. Whatever it committed of it, a re-run recognises as
+                # its own, so a new owner may run the batch again here.
+                reruns += 1
+                log.warning(
+                    "group %s batch %s: its owner process %s ended during the batch (%s); "
+                    "running it in a new owner. Its log, %s:\n%s",
+                    group, batch, accepted, exc, where, _tail(where),
+                )  # fmt: skip
+                continue
+            raise OwnerError(
+                f"group {group}'s owner process ended during batch {batch}"
+                f"{' twice' if reruns else ''} ({exc}); Spark runs the task again. Its log, "
+                f"{where}:\n{_tail(where)}"
+            ) from exc
+    if kind == "ok":
+        return value
+    if isinstance(value, BaseException):
+        raise value
+    raise ProcessorError(f"group {group} batch {batch}, in its owner process: {text}")
+
+
+def _ask(local_dir: str, app: str, group: int, kind: str) -> Any:
+    try:
+        sock = _connect(address(local_dir, app, group))
+    except (ConnectionRefusedError, FileNotFoundError):
+        return None
+    with sock:
+        _send(sock, (kind, None))
+        try:
+            return _recv(sock)[1]
+        except (EOFError, ConnectionError):
+            return None
+
+
+def pid(local_dir: str, app: str, group: int) -> int | None:
+    """The pid of `group`'s owner on this host, None if none answers."""
+    return _ask(local_dir, app, group, "pid")
+
+
+def stop(local_dir: str, app: str, group: int) -> int | None:
+    """Stop `group`'s owner on this host once it is between batches; its pid, None if
+    none answered."""
+    return _ask(local_dir, app, group, "stop")
+
+
+# The owner's side.
+
+
+def _reply_error(exc: BaseException) -> tuple[str, Any, str]:
+    text = "".join(traceback.format_exception(exc))
+    try:
+        pickle.loads(pickle.dumps(exc, protocol=5))  # an exception that cannot cross goes as text
+    except Exception:  # noqa: BLE001
+        return ("error", None, f"{type(exc).__name__}: {exc}\n{text}")
+    return ("error", exc, text)
+
+
+def _serve(conn: socket.socket, runners: dict[bytes, Any]) -> bool:
+    """Answer one call; False once asked to stop."""
+    from processor.runtime import no_cycle_collection
+
+    try:
+        kind, payload = _recv(conn)
+    except (EOFError, OSError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - a request this owner cannot read
+        log.warning("a request could not be read: %s", exc)
+        _send(conn, _reply_error(OwnerError(f"the owner could not read the request: {exc}")))
+        return True
+    if kind in ("pid", "stop"):
+        _send(conn, ("ok", os.getpid(), ""))
+        return kind != "stop"
+    digest, blob, args, sent_at = payload
+    _send(conn, ("accepted", os.getpid(), ""))
+    waited = time.time() - sent_at
+    runner = runners.get(digest)
+    try:
+        if runner is None:
+            runner = pickle.loads(blob)
+            runners[digest] = runner
+            while len(runners) > _RUNNERS_KEPT:
+                runners.pop(next(iter(runners)))
+        timings = dict(args[7] or {})
+        timings["owner_request"] = waited
+        with no_cycle_collection():
+            value = runner.run(*args[:7], timings)
+        reply: tuple[str, Any, str] = ("ok", value, "")
+    except BaseException as exc:  # noqa: BLE001 - everything goes back to the worker
+        log.exception("group %s batch %s failed", args[0], args[2])
+        reply = _reply_error(exc)
+    try:
+        _send(conn, reply)
+    except OSError as exc:  # the worker is gone: its task fails and Spark runs it again
+        log.warning(
+            "group %s batch %s: the worker left before the result: %s", args[0], args[2], exc
+        )
+    return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def serve(name: str, watch: int, idle_seconds: float) -> int:
+    """Answer calls at `name` until idle for `idle_seconds` or `watch` is gone."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind("\0" + name)
+    except OSError as exc:
+        log.info("another owner already answers at %s (%s): exiting", name, exc)
+        return 0
+    listener.listen(64)
+    listener.settimeout(1.0)
+    log.info("owner %s (pid %s) watching pid %s", name, os.getpid(), watch)
+    runners: dict[bytes, Any] = {}
+    last = time.monotonic()
+    with listener:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                if not _alive(watch):
+                    log.info("pid %s is gone: exiting", watch)
+                    return 0
+                if time.monotonic() - last > idle_seconds:
+                    log.info("idle for %.0f s: exiting", idle_seconds)
+                    return 0
+                continue
+            with conn:
+                conn.settimeout(None)
+                try:
+                    if not _serve(conn, runners):
+                        log.info("asked to stop: exiting")
+                        return 0
+                except (EOFError, OSError) as exc:
+                    log.warning("a call broke off: %s", exc)
+            last = time.monotonic()
+
+
+def main(argv: list[str] | None = None) -> int:
+    name, watch, idle = argv if argv is not None else sys.argv[1:]
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
+    )
+    return serve(name, int(watch), float(idle))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
