@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 LABELS = {
-    "shardless": "shardless (counter handler)",
+    "shardless": "shardless (counter handler, group owner processes)",
+    "shardless_worker_stores": "shardless, stores in the Python workers",
     "apply_in_pandas_with_state": "applyInPandasWithState",
     "transform_with_state_in_pandas": "transformWithStateInPandas",
     "spark_sql_count": "Spark SQL groupBy().count() (JVM)",
@@ -21,6 +22,7 @@ LABELS = {
 }
 COLOURS = {
     "shardless": "#1b9e77",
+    "shardless_worker_stores": "#66c2a5",
     "apply_in_pandas_with_state": "#7570b3",
     "transform_with_state_in_pandas": "#e7298a",
     "spark_sql_count": "#d95f02",

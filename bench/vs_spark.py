@@ -10,7 +10,10 @@ first (warm-up) one; latency = `triggerExecution` per batch.
 
 Contenders, each counting records per key:
   shardless                        the counter handler (one get, one set per record), with
-                                   durable commits to moto server (S3, DynamoDB) per batch
+                                   durable commits to moto server (S3, DynamoDB) per batch,
+                                   groups run by owner processes (--group-owner process)
+  shardless_worker_stores          the same, groups run by the Python worker Spark hands
+                                   them (--group-owner worker, the product's default)
   apply_in_pandas_with_state       grouped by key, state = the count
   transform_with_state_in_pandas   a ValueState count per key
   spark_sql_count                  groupBy(key).count(), Spark's JVM aggregation
@@ -44,6 +47,7 @@ from processor.api import Context, Event
 
 CONTENDERS = (
     "shardless",
+    "shardless_worker_stores",
     "apply_in_pandas_with_state",
     "transform_with_state_in_pandas",
     "spark_sql_count",
@@ -56,6 +60,7 @@ WORKLOADS = {  # name: (distribution, distinct keys)
     "small_1k": ("uniform", 1_000),
 }
 SLICES = 256  # shardless's default
+SHARDLESS = ("shardless", "shardless_worker_stores")
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 SOURCE_SCHEMA = "partition_key string, sequence_number long, arrival timestamp, data binary"
 PAYLOAD = b'{"v":1}'
@@ -174,7 +179,13 @@ class FloorRunner:
 
 
 def query_for(
-    contender: str, spark: Any, src: Any, app: str, local_dir: str, slices: int = SLICES
+    contender: str,
+    spark: Any,
+    src: Any,
+    app: str,
+    local_dir: str,
+    slices: int = SLICES,
+    group_owner: str = "process",
 ) -> Any:
     """The streaming DataFrame each contender runs over the source `src`."""
     from pyspark.sql.streaming.state import GroupStateTimeout
@@ -210,6 +221,7 @@ def query_for(
         slices=slices,
         groups=groups,
         local_dir=local_dir,
+        group_owner="worker" if contender == "shardless_worker_stores" else group_owner,
     )
     resources.ensure(cfg.location, cfg.slices)
     records = as_records(src, slices, "bench")
@@ -294,6 +306,7 @@ def run(
     tmp: Path,
     moto: int | None,
     slices: int = SLICES,
+    group_owner: str = "process",
 ) -> Run:
     """Run `contender` over the first `batches` files of `w` and check every batch."""
     from pyspark.sql import functions as F
@@ -303,7 +316,7 @@ def run(
         spark.readStream.schema(SOURCE_SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(folder))
     )
     app = f"bench-{w.name.replace('_', '-')}-{uuid.uuid4().hex[:6]}"
-    df = query_for(contender, spark, src, app, str(tmp / "stores"), slices)
+    df = query_for(contender, spark, src, app, str(tmp / "stores"), slices, group_owner)
     result = Run(contender)
 
     def check(batch: Any, batch_id: int) -> None:
@@ -315,7 +328,7 @@ def run(
             if not all(m.get("floor") for m in rows):
                 result.errors.append(f"batch {batch_id}: the floor ran shardless's runtime")
             return
-        if contender == "shardless":
+        if contender in SHARDLESS:
             metrics = [json.loads(r.value) for r in batch.where("kind = 'metrics'").collect()]
             got = sum(m["records"] for m in metrics)
             result.groups.append(
@@ -329,6 +342,7 @@ def run(
                     "attempts": [m.get("attempts", 1) for m in metrics],
                     "timings": [m.get("timings", {}) for m in metrics],
                     "called_at": [m.get("called_at") for m in metrics],
+                    "pids": [m.get("pid") for m in metrics],
                 }
             )
             want = w.sizes[batch_id]
@@ -352,6 +366,8 @@ def run(
         query.stop()
         result.errors.append(f"stopped after {RUN_TIMEOUT_S} s")
     result.wall_seconds = time.perf_counter() - started
+    if contender in SHARDLESS:
+        _stop_owners(spark, str(tmp / "stores"), app)
     result.emulator_cpu_seconds = cpu_seconds(moto) - cpu
     for p in query.recentProgress:
         if p.numInputRows:
@@ -361,9 +377,19 @@ def run(
             result.started.append(datetime.fromisoformat(p.timestamp.replace("Z", "+00:00")))
     if len(result.records) != batches:
         result.errors.append(f"{len(result.records)} batches with data, expected {batches}")
-    if contender == "shardless" and not result.errors:
+    if contender in SHARDLESS and not result.errors:
         result.errors += verify_durable(app, w, slices)
     return result
+
+
+def _stop_owners(spark: Any, local_dir: str, app: str) -> None:
+    """Stop the run's group owner processes (if any), so that they use no CPU or memory
+    in the runs after it."""
+    from processor import owner
+    from processor.grouping import group_keys
+
+    for g in group_keys(int(spark.conf.get("spark.sql.shuffle.partitions"))):
+        owner.stop(local_dir, app, g)
 
 
 def verify_durable(app: str, w: Workload, slices: int) -> list[str]:
@@ -460,7 +486,9 @@ def measure(
                 print(
                     f"{master} {name}: {contender}, {batches} batches", file=sys.stderr, flush=True
                 )
-                summary = run(contender, spark, w, batches, tmp, moto, args.slices).summary()
+                summary = run(
+                    contender, spark, w, batches, tmp, moto, args.slices, args.group_owner
+                ).summary()
                 runs[contender], rates[contender] = summary, summary["records_per_s"]
                 print(f"{master} {name}: {contender} {json.dumps(summary)}", file=sys.stderr)
             rates_by[name] = rates
@@ -491,6 +519,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument(
+        "--group-owner",
+        choices=("worker", "process"),
+        default="process",
+        help="who runs the shardless contender's groups (shardless_worker_stores: always "
+        "the worker)",
+    )
     parser.add_argument(
         "--profile",
         metavar="DIR",
@@ -533,6 +568,7 @@ def main(argv: list[str] | None = None) -> None:
         "warmup_batches": 1,
         "slow_batches": args.slow_batches,
         "slices": args.slices,
+        "group_owner": args.group_owner,
         "zipf_s": ZIPF_S,
         "source": "Parquet files, one per micro-batch (maxFilesPerTrigger=1), availableNow",
         "sink": "foreachBatch: one checking action per batch",

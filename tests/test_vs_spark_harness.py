@@ -100,11 +100,15 @@ def test_harness_runs_and_checks_spark_sql_and_shardless(spark, aws, tmp_path) -
     spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
     moto = aws.pids[0]
     # shardless: 256 slices, as benchmarked; the floor: its plan with a no-op function
-    for contender in ("spark_sql_count", "shardless", "python_floor"):
+    for contender in ("spark_sql_count", "shardless", "shardless_worker_stores", "python_floor"):
         summary = vs_spark.run(contender, spark, w, 3, tmp_path, moto).summary()
         assert summary["errors"] == [], contender
         assert summary["measured_records"] == 400 and summary["warmup_records"] == 200
         assert summary["records_per_s"] > 0
+        if contender == "shardless":  # one owner process per group, the same every batch
+            pids = [sorted(b["pids"]) for b in summary["shardless_groups"]]
+            groups = int(spark.conf.get("spark.sql.shuffle.partitions"))
+            assert len(set(pids[0])) == groups and pids == [pids[0]] * 3
 
 
 def test_the_floor_runner_counts_its_input_and_keeps_no_state() -> None:
