@@ -99,11 +99,35 @@ def _recv(sock: socket.socket) -> Any:
     return pickle.loads(_recv_exactly(sock, n))
 
 
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The user id of the process at the other end of a Unix socket (SO_PEERCRED)."""
+    _pid, uid, _gid = _PEERCRED.unpack(
+        sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    )
+    return uid
+
+
+def check_peer(sock: socket.socket, name: str) -> None:
+    """Refuse a peer run by another user: an abstract socket has no file permissions, and
+    what crosses it is pickled (records one way, code and results the other), so only a
+    process of this user may sit at either end."""
+    uid = peer_uid(sock)
+    if uid != os.getuid():
+        raise OwnerError(
+            f"the process at the owner socket {name!r} runs as uid {uid}, not as this "
+            f"process's uid {os.getuid()}: refused (another user bound the name first?)"
+        )
+
+
 def _connect(name: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect("\0" + name)
-    except OSError:
+        check_peer(sock, name)
+    except (OSError, OwnerError):
         sock.close()
         raise
     return sock
@@ -345,6 +369,11 @@ def serve(name: str, watch: int, idle_seconds: float) -> int:
                 continue
             with conn:
                 conn.settimeout(None)
+                try:
+                    check_peer(conn, name)
+                except OwnerError as exc:
+                    log.warning("a connection refused: %s", exc)
+                    continue
                 try:
                     if not _serve(conn, runners):
                         log.info("asked to stop: exiting")

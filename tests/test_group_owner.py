@@ -261,3 +261,58 @@ def test_under_local_2_each_group_stays_in_its_owner_and_outputs_equal_the_fold(
     finally:
         for g in by_group:  # the group keys (`processor.grouping`), not 0..groups-1
             owner.stop(cfg.local_dir, cfg.app, g)
+
+
+# Only a process of the same user may sit at either end of an owner socket: what crosses it
+# is pickled. These run a peer as another user, which needs root.
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="runs a peer as another user")
+NOBODY = 65534
+
+
+def _as_nobody(code: str) -> subprocess.Popen:
+    """`code` in a Python child running as uid/gid 65534 (modules imported before: the
+    interpreter's own files may not be readable by that user)."""
+    prelude = "import os, pickle, socket, struct, sys, time\n"
+    prelude += f"os.setgid({NOBODY})\nos.setuid({NOBODY})\n"
+    return subprocess.Popen(
+        [sys.executable, "-c", prelude + code], stdout=subprocess.PIPE, text=True
+    )
+
+
+@needs_root
+def test_a_worker_refuses_an_owner_socket_bound_by_another_user(tmp_path) -> None:
+    name = owner.address(str(tmp_path), "app", 3)
+    squatter = _as_nobody(
+        f"s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+        f"s.bind('\\0' + {name!r}); s.listen(4); print('ready', flush=True)\n"
+        f"while True:\n    c, _ = s.accept(); c.sendall(b'x' * 8)\n"
+    )
+    try:
+        assert squatter.stdout.readline().strip() == "ready"
+        with pytest.raises(owner.OwnerError, match=r"runs as uid 65534, not as this process"):
+            owner.connect(str(tmp_path), "app", 3, watch=os.getpid(), timeout=5)
+        with pytest.raises(owner.OwnerError, match="uid 65534"):
+            owner.pid(str(tmp_path), "app", 3)
+    finally:
+        squatter.kill()
+        squatter.wait()
+
+
+@needs_root
+def test_an_owner_refuses_a_caller_of_another_user_and_keeps_serving(owned) -> None:  # noqa: ANN001
+    runner = owned()
+    runner.run(0, 1, frame(["k1"]))  # starts the owner
+    pid = owner.pid(runner.local_dir, runner.app, 0)
+    name = owner.address(runner.local_dir, runner.app, 0)
+    caller = _as_nobody(
+        f"s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.connect('\\0' + {name!r})\n"
+        f"data = pickle.dumps(('pid', None))\n"
+        f"s.sendall(struct.pack('!Q', len(data)) + data)\n"
+        f"try:\n    got = s.recv(64)\nexcept ConnectionResetError:\n    got = b''\n"
+        f"print('closed' if got == b'' else 'answered', flush=True)\n"
+    )
+    assert caller.stdout.readline().strip() == "closed"
+    assert caller.wait(10) == 0
+    assert owner.pid(runner.local_dir, runner.app, 0) == pid  # the same owner, still serving
+    log_text = owner.log_path(runner.local_dir, runner.app, 0).read_text()
+    assert "runs as uid 65534" in log_text
