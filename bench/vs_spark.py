@@ -173,8 +173,15 @@ class FloorRunner:
     ) -> Iterator[pd.DataFrame]:
         from processor.runtime import _COLUMNS
 
+        called_at, started = time.time(), time.perf_counter()
         n = sum(len(p) for p in pdfs)
-        row = ("metrics", -1, 0, 0, "", json.dumps({"records": n, "seconds": 0.0, "floor": True}))
+        metrics = {
+            "records": n,
+            "seconds": time.perf_counter() - started,
+            "called_at": called_at,
+            "floor": True,
+        }
+        row = ("metrics", -1, 0, 0, "", json.dumps(metrics))
         yield pd.DataFrame([row], columns=_COLUMNS)
 
 
@@ -293,8 +300,8 @@ class Run:
             else None,
             "errors": self.errors,
             "spark_duration_ms": self.durations,
-            **({"shardless_groups": self.groups} if self.groups else {}),
-            **({"shardless_timeline": self.timeline()} if self.groups else {}),
+            **({"groups": self.groups} if self.groups else {}),
+            **({"timeline": self.timeline()} if self.groups else {}),
         }
 
 
@@ -327,6 +334,12 @@ def run(
                 result.errors.append(f"batch {batch_id}: {got} records seen, not {want}")
             if not all(m.get("floor") for m in rows):
                 result.errors.append(f"batch {batch_id}: the floor ran shardless's runtime")
+            result.groups.append(
+                {
+                    "group_s": [round(m["seconds"], 3) for m in rows],
+                    "called_at": [m.get("called_at") for m in rows],
+                }
+            )
             return
         if contender in SHARDLESS:
             metrics = [json.loads(r.value) for r in batch.where("kind = 'metrics'").collect()]
@@ -460,6 +473,41 @@ def goals(workloads: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def warm_up(
+    spark: Any,
+    args: argparse.Namespace,
+    contenders: list[str],
+    tmp: Path,
+    moto: int | None,
+) -> dict[str, Any]:
+    """Run every contender over `--warmup-batches` batches of a workload of its own (1,000
+    uniform keys, another seed) before anything is measured, and discard the rates.
+
+    A new JVM spends its first tens of seconds compiling Spark's hot paths (the C2 JIT
+    thread took 15 CPU-seconds of a shardless-only run on 2 cores, competing with the
+    batches), so without this whichever contender ran first paid for the compilation the
+    later ones profit from. Errors of the warm-up runs are kept: a contender that fails
+    here would fail measured too."""
+    if args.warmup_batches <= 0:
+        return {}
+    name = "warm_up"
+    records = args.warmup_batches * args.batch
+    w = build(name, "uniform", 1_000, records, args.batch, args.seed + 1000, tmp / "warm-up")
+    out: dict[str, Any] = {}
+    try:
+        for contender in contenders:
+            print(f"warm-up: {contender}, {args.warmup_batches} batches", file=sys.stderr)
+            summary = run(
+                contender, spark, w, args.warmup_batches, tmp, moto, args.slices, args.group_owner
+            ).summary()
+            out[contender] = {
+                k: summary[k] for k in ("records_per_s", "batch_s", "wall_s", "errors")
+            }
+    finally:
+        shutil.rmtree(tmp / "warm-up", ignore_errors=True)
+    return out
+
+
 def measure(
     master: str,
     args: argparse.Namespace,
@@ -474,6 +522,9 @@ def measure(
     runs_by: dict[str, Any] = {}
     spark = spark_session(master, args.groups)
     try:
+        warm = warm_up(spark, args, contenders, tmp, moto)
+        if warm:
+            runs_by["warm_up"] = warm
         for i, name in enumerate(workloads):
             dist, keys = WORKLOADS[name]
             data = tmp / f"data-{uuid.uuid4().hex[:6]}"
@@ -507,6 +558,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=100_000, help="records per micro-batch")
     parser.add_argument(
         "--slow-batches", type=int, default=3, help="pandas operators' batches on 1M keys"
+    )
+    parser.add_argument(
+        "--warmup-batches",
+        type=int,
+        default=3,
+        help="batches of a 1,000-key workload every contender runs, unmeasured, before the "
+        "first measured run of a session (the JVM's JIT warm-up; 0: none)",
     )
     parser.add_argument("--groups", type=int, default=2, help="spark.sql.shuffle.partitions")
     parser.add_argument("--slices", type=int, default=SLICES, help="shardless's slice count")
@@ -566,6 +624,7 @@ def main(argv: list[str] | None = None) -> None:
         "batch_records": args.batch,
         "batches": -(-args.records // args.batch),
         "warmup_batches": 1,
+        "session_warmup_batches": args.warmup_batches,
         "slow_batches": args.slow_batches,
         "slices": args.slices,
         "group_owner": args.group_owner,

@@ -106,7 +106,7 @@ def test_harness_runs_and_checks_spark_sql_and_shardless(spark, aws, tmp_path) -
         assert summary["measured_records"] == 400 and summary["warmup_records"] == 200
         assert summary["records_per_s"] > 0
         if contender == "shardless":  # one owner process per group, the same every batch
-            pids = [sorted(b["pids"]) for b in summary["shardless_groups"]]
+            pids = [sorted(b["pids"]) for b in summary["groups"]]
             groups = int(spark.conf.get("spark.sql.shuffle.partitions"))
             assert len(set(pids[0])) == groups and pids == [pids[0]] * 3
 
@@ -119,4 +119,30 @@ def test_the_floor_runner_counts_its_input_and_keeps_no_state() -> None:
     frames = [pd.DataFrame({"partition_key": ["a", "b"]}), pd.DataFrame({"partition_key": ["c"]})]
     (out,) = vs_spark.FloorRunner(None, None)(("g",), iter(frames), None)
     assert list(out.columns) == _COLUMNS and list(out.kind) == ["metrics"]
-    assert json.loads(out.value[0]) == {"records": 3, "seconds": 0.0, "floor": True}
+    metrics = json.loads(out.value[0])
+    assert metrics["records"] == 3 and metrics["floor"] is True
+    assert metrics["called_at"] > 0 and metrics["seconds"] >= 0  # the floor's timeline
+
+
+@pytest.mark.slow
+def test_every_contender_warms_the_session_up_unmeasured_before_the_first_run(
+    spark,
+    aws,
+    tmp_path,  # noqa: ANN001
+) -> None:
+    import argparse
+
+    spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+    args = argparse.Namespace(
+        warmup_batches=2, batch=300, seed=5, slices=vs_spark.SLICES, group_owner="process"
+    )
+    contenders = ["spark_sql_count", "shardless", "python_floor"]
+    warm = vs_spark.warm_up(spark, args, contenders, tmp_path, aws.pids[0])
+    assert list(warm) == contenders  # each ran, in order, over its own workload, checked
+    for contender, summary in warm.items():
+        assert summary["errors"] == [], contender
+        assert len(summary["batch_s"]) == 2
+    assert not (tmp_path / "warm-up").exists()  # its files are gone
+    assert (
+        vs_spark.warm_up(spark, argparse.Namespace(warmup_batches=0), contenders, tmp_path, 0) == {}
+    )
