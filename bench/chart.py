@@ -15,6 +15,7 @@ from typing import Any
 LABELS = {
     "shardless": "shardless (counter handler, group owner processes)",
     "shardless_worker_stores": "shardless, stores in the Python workers",
+    "shardless_few_slices": "shardless, 32 slices instead of 256",
     "apply_in_pandas_with_state": "applyInPandasWithState",
     "transform_with_state_in_pandas": "transformWithStateInPandas",
     "spark_sql_count": "Spark SQL groupBy().count() (JVM)",
@@ -23,6 +24,7 @@ LABELS = {
 COLOURS = {
     "shardless": "#1b9e77",
     "shardless_worker_stores": "#66c2a5",
+    "shardless_few_slices": "#a6dba0",
     "apply_in_pandas_with_state": "#7570b3",
     "transform_with_state_in_pandas": "#e7298a",
     "spark_sql_count": "#d95f02",
@@ -32,7 +34,12 @@ COLOURS = {
 
 def bars(result: dict[str, Any]) -> list[tuple[str, str, bool]]:
     """(contender, label, from the second master) in drawing order."""
-    out = [(c, f"{label}, {result['config']['master']}", False) for c, label in LABELS.items()]
+    few = result["config"].get("few_slices", 32)
+    default = result["config"].get("slices", 256)
+    labels = {**LABELS, "shardless_few_slices": f"shardless, {few} slices instead of {default}"}
+    ran = {c for rates in result["workloads"].values() for c in rates}
+    master = result["config"]["master"]
+    out = [(c, f"{label}, {master}", False) for c, label in labels.items() if c in ran]
     if "also" in result:
         master = result["also"]["master"]
         out += [(c, f"{LABELS[c]}, {master}", True) for c in ("shardless", "spark_sql_count")]

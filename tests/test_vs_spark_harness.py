@@ -3,6 +3,7 @@ plain-Python fold of the same records."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import string
@@ -130,8 +131,6 @@ def test_every_contender_warms_the_session_up_unmeasured_before_the_first_run(
     aws,
     tmp_path,  # noqa: ANN001
 ) -> None:
-    import argparse
-
     spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
     args = argparse.Namespace(
         warmup_batches=2, batch=300, seed=5, slices=vs_spark.SLICES, group_owner="process"
@@ -146,3 +145,25 @@ def test_every_contender_warms_the_session_up_unmeasured_before_the_first_run(
     assert (
         vs_spark.warm_up(spark, argparse.Namespace(warmup_batches=0), contenders, tmp_path, 0) == {}
     )
+
+
+def test_goals_are_judged_for_the_default_and_the_few_slices_contender() -> None:
+    rates = {
+        "shardless": 80_000,
+        "shardless_few_slices": 120_000,
+        "apply_in_pandas_with_state": 12_000,
+        "transform_with_state_in_pandas": 6_000,
+        "spark_sql_count": 100_000,
+    }
+    goals = vs_spark.goals({"zipf_1m": rates, "small_1k": rates})
+    assert goals["zipf_1m_vs_faster_pandas"] == {"target": 10.0, "value": 6.67, "met": False}
+    assert goals["zipf_1m_vs_spark_sql_count"] == {"target": 1.0, "value": 0.8, "met": False}
+    assert goals["zipf_1m_vs_faster_pandas_few_slices"]["met"] is True  # 10.0
+    assert goals["zipf_1m_vs_spark_sql_count_few_slices"] == {
+        "target": 1.0,
+        "value": 1.2,
+        "met": True,
+    }
+    assert not any(k.startswith("small_1k") for k in goals)  # goals are for 1M keys only
+    args = argparse.Namespace(slices=256, few_slices=32)
+    assert [vs_spark.slices_of(c, args) for c in vs_spark.SHARDLESS] == [256, 256, 32]
