@@ -65,7 +65,7 @@ def draw(result: dict[str, Any], path: Path) -> None:
         names = [f"{v / 1000:,.1f}k" if v else "" for v in values]
         ax.bar_label(drawn, labels=names, fontsize=7, rotation=90, padding=2)
     ax.set_yscale("log")
-    ax.set_ylim(top=ax.get_ylim()[1] * 4)
+    ax.set_ylim(top=ax.get_ylim()[1] * 12)  # room for the legend above the tallest bar
     ax.set_xticks(range(len(workloads)), [name.replace("_", " ") for name in workloads])
     ax.set_ylabel("records per second (log scale), steady state")
     cfg = result["config"]
