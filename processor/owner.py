@@ -292,7 +292,7 @@ def _reply_error(exc: BaseException) -> tuple[str, Any, str]:
 
 def _serve(conn: socket.socket, runners: dict[bytes, Any]) -> bool:
     """Answer one call; False once asked to stop."""
-    from processor.runtime import no_cycle_collection
+    from processor.runtime import no_cycle_collection, profiled
 
     try:
         kind, payload = _recv(conn)
@@ -317,7 +317,7 @@ def _serve(conn: socket.socket, runners: dict[bytes, Any]) -> bool:
                 runners.pop(next(iter(runners)))
         timings = dict(args[7] or {})
         timings["owner_request"] = waited
-        with no_cycle_collection():
+        with profiled(args[0], args[2]), no_cycle_collection():
             value = runner.run(*args[:7], timings)
         reply: tuple[str, Any, str] = ("ok", value, "")
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the worker

@@ -240,6 +240,24 @@ def no_cycle_collection() -> Iterator[None]:
 _frozen = False
 
 
+@contextlib.contextmanager
+def profiled(group: int, batch: int) -> Iterator[None]:
+    """cProfile the block into `$SHARDLESS_PROFILE_DIR/g<group>-b<batch>-p<pid>.prof` when
+    that variable is set (in a Python worker or a group's owner process alike)."""
+    profile_dir = os.environ.get(PROFILE_ENV)
+    if not profile_dir:
+        yield
+        return
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        yield
+    finally:
+        profiler.disable()
+        Path(profile_dir).mkdir(parents=True, exist_ok=True)
+        profiler.dump_stats(f"{profile_dir}/g{group}-b{batch}-p{os.getpid()}.prof")
+
+
 class GroupRunner:
     """The function Spark calls per group; pickled with the handler and the config."""
 
@@ -310,18 +328,8 @@ class GroupRunner:
         watermark_ms: int,
         took: dict[str, float],
     ) -> tuple[pd.DataFrame, Pending]:
-        profile_dir = os.environ.get(PROFILE_ENV)
-        profiler = cProfile.Profile() if profile_dir else None
-        if profiler is not None:
-            profiler.enable()
-        try:
-            with no_cycle_collection():
-                return self.run(group, query, batch, pdf, pending, now_ms, watermark_ms, took)
-        finally:
-            if profiler is not None:
-                profiler.disable()
-                Path(profile_dir).mkdir(parents=True, exist_ok=True)  # type: ignore[arg-type]
-                profiler.dump_stats(f"{profile_dir}/g{group}-b{batch}-p{os.getpid()}.prof")
+        with profiled(group, batch), no_cycle_collection():
+            return self.run(group, query, batch, pdf, pending, now_ms, watermark_ms, took)
 
     def run(
         self,

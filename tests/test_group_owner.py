@@ -316,3 +316,18 @@ def test_an_owner_refuses_a_caller_of_another_user_and_keeps_serving(owned) -> N
     assert owner.pid(runner.local_dir, runner.app, 0) == pid  # the same owner, still serving
     log_text = owner.log_path(runner.local_dir, runner.app, 0).read_text()
     assert "runs as uid 65534" in log_text
+
+
+def test_an_owner_profiles_its_batches_when_asked(owned, monkeypatch, tmp_path) -> None:  # noqa: ANN001
+    import pstats
+
+    from processor.runtime import PROFILE_ENV
+
+    monkeypatch.setenv(PROFILE_ENV, str(tmp_path / "prof"))  # the owner inherits it
+    runner = owned()
+    runner.run(0, 1, frame(["k1", "k2"]))
+    pid = owner.pid(runner.local_dir, runner.app, 0)
+    found = tmp_path / "prof" / f"g0-b1-p{pid}.prof"
+    assert found.is_file()  # written by the owner process, named for its group and batch
+    functions = {name for _file, _line, name in pstats.Stats(str(found)).stats}
+    assert "run_slice" in functions
