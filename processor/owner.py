@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from processor.errors import ConfigError, ProcessorError
+from processor.stores import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -332,16 +333,6 @@ def _serve(conn: socket.socket, runners: dict[bytes, Any]) -> bool:
     return True
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def serve(name: str, watch: int, idle_seconds: float) -> int:
     """Answer calls at `name` until idle for `idle_seconds` or `watch` is gone."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -360,7 +351,7 @@ def serve(name: str, watch: int, idle_seconds: float) -> int:
             try:
                 conn, _ = listener.accept()
             except TimeoutError:
-                if not _alive(watch):
+                if not pid_alive(watch):
                     log.info("pid %s is gone: exiting", watch)
                     return 0
                 if time.monotonic() - last > idle_seconds:

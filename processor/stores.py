@@ -47,7 +47,8 @@ from state.store import SliceStore
 log = logging.getLogger(__name__)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process `pid` exists (one of another user's counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -91,7 +92,7 @@ class StoreCache:
             except ValueError:
                 continue
             candidate = self._path(slice_id, other)
-            if pid != self.pid and not _alive(pid) and candidate.exists():
+            if pid != self.pid and not pid_alive(pid) and candidate.exists():
                 self.own.mkdir(parents=True, exist_ok=True)
                 os.replace(candidate, self._path(slice_id))
                 log.info("slice %s: adopted the store of dead worker %s", slice_id, pid)
