@@ -167,3 +167,36 @@ def test_goals_are_judged_for_the_default_and_the_few_slices_contender() -> None
     assert not any(k.startswith("small_1k") for k in goals)  # goals are for 1M keys only
     args = argparse.Namespace(slices=256, few_slices=32)
     assert [vs_spark.slices_of(c, args) for c in vs_spark.SHARDLESS] == [256, 256, 32]
+
+
+def test_measure_warms_every_contender_up_before_any_measured_run(monkeypatch, tmp_path) -> None:  # noqa: ANN001
+    """The order only (the runs themselves are checked above): no contender is measured
+    before every contender has had its warm-up batches in the session."""
+    calls: list[tuple[str, str, int]] = []
+
+    def fake_run(contender, spark, w, batches, *rest):  # noqa: ANN001, ANN202
+        calls.append((w.name, contender, batches))
+        r = vs_spark.Run(contender)
+        r.records, r.seconds = [w.sizes[0]] * batches, [1.0] * batches
+        return r
+
+    class Session:
+        def stop(self) -> None:
+            calls.append(("session", "stopped", 0))
+
+    monkeypatch.setattr(vs_spark, "run", fake_run)
+    monkeypatch.setattr(vs_spark, "spark_session", lambda master, groups: Session())
+    args = argparse.Namespace(
+        records=600, batch=300, slow_batches=1, warmup_batches=2, seed=1, groups=2,
+        slices=256, few_slices=32, group_owner="process",
+    )  # fmt: skip
+    contenders = ["shardless", "spark_sql_count"]
+    _, runs = vs_spark.measure("local[2]", args, contenders, ["small_1k"], tmp_path, None)
+    assert calls == [
+        ("warm_up", "shardless", 2),
+        ("warm_up", "spark_sql_count", 2),
+        ("small_1k", "shardless", 2),
+        ("small_1k", "spark_sql_count", 2),
+        ("session", "stopped", 0),
+    ]
+    assert set(runs["warm_up"]) == set(contenders)
