@@ -1,9 +1,15 @@
-"""moto server, with two fixes to its DynamoDB that make it behave like the service.
+"""moto server, with fixes to its DynamoDB that make it behave like the service.
 
 - Speed: moto 5.2 deep-copies a whole table once per *item* of a TransactWriteItems call,
   to roll back on failure; a 100-item transaction over a table of a few thousand items
-  then takes seconds. This entry point makes those copies once per table per call (the
-  same rollback semantics).
+  then takes seconds. This entry point copies only the items the transaction names
+  (before it runs) and puts exactly those back if it fails: the same rollback, at a cost
+  that does not grow with the table. Tables with a stream still get a whole copy, once
+  per table per call, since a rollback must also take back their stream records.
+  moto also parses each item's condition expression again for every place that checks
+  it (two to three times per item); within one transaction an expression with the same
+  names and values is parsed once, and the tokens of an expression string (which depend
+  on nothing else) are kept for the next request that uses it.
 - Isolation: moto's threaded server runs requests concurrently with no locking, so two
   conditional writes racing on one item can both pass their condition (seen with two
   committers racing). DynamoDB serialises them; here every DynamoDB operation takes one
@@ -15,30 +21,118 @@ Then it runs moto's own server unchanged: `python -m processor.moto_server -H 12
 
 from __future__ import annotations
 
+import collections
 import copy
+import functools
 import sys
 import threading
 from typing import Any
 
+import moto.dynamodb.comparisons as ddb_comparisons
 import moto.dynamodb.models as ddb_models
+import moto.dynamodb.models.table as ddb_table
 from moto.server import main as moto_main
 
 _active = threading.local()
 
 
-class _CopyOncePerTransaction:
-    """Stands in for the `copy` module inside moto's DynamoDB models."""
+class _TransactionCopies:
+    """Stands in for the `copy` module inside moto's DynamoDB models. During a transaction
+    whose items were saved one by one (`_saved_items`), a table's "copy" is the table
+    itself (moto's rollback then reassigns it to itself, and `_put_back` restores the
+    items); otherwise a table is copied once per transaction."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(copy, name)
 
     def deepcopy(self, obj: Any, memo: dict | None = None) -> Any:
-        cache = getattr(_active, "cache", None)
+        cache = getattr(_active, "tables", None)
         if cache is None or not isinstance(obj, ddb_models.Table):
             return copy.deepcopy(obj, memo)
+        if getattr(_active, "items_saved", False):
+            return obj
         if id(obj) not in cache:  # the original is kept alive in the cache: ids stay unique
             cache[id(obj)] = (obj, copy.deepcopy(obj, memo))
         return cache[id(obj)][1]
+
+
+_Saved = list[tuple[Any, Any, Any, Any]]  # (table, hash key, range key, item before or None)
+
+
+def _saved_items(backend: Any, transact_items: list[dict[str, Any]]) -> _Saved | None:
+    """A copy of every item the transaction names, as it is now (None where there is
+    none); None when that cannot be worked out (a missing table or key, a table with a
+    stream), and moto's whole-table copy is used instead."""
+    saved: _Saved = []
+    seen: set[tuple[int, Any, Any]] = set()
+    try:
+        for entry in transact_items:
+            ((kind, op),) = entry.items()
+            table = backend.tables.get(op["TableName"])
+            if table is None or table.stream_shard is not None:
+                return None
+            key = op["Item"] if kind == "Put" else op["Key"]
+            hash_key = ddb_models.DynamoType(key[table.hash_key_attr])
+            range_key = (
+                ddb_models.DynamoType(key[table.range_key_attr]) if table.has_range_key else None
+            )
+            if (id(table), hash_key, range_key) in seen:
+                continue  # moto refuses the transaction before its second write of an item
+            seen.add((id(table), hash_key, range_key))
+            before = table.get_item(hash_key, range_key)
+            saved.append((table, hash_key, range_key, copy.deepcopy(before)))
+    except Exception:  # noqa: BLE001 - moto reports what is wrong with the request
+        return None
+    return saved
+
+
+def _put_back(saved: _Saved) -> None:
+    """Undo a failed transaction: every item it named is as it was before."""
+    for table, hash_key, range_key, before in saved:
+        if range_key is None:
+            if before is None:
+                table.items.pop(hash_key, None)
+            else:
+                table.items[hash_key] = before
+            continue
+        if before is not None:
+            table.items[hash_key][range_key] = before
+        elif hash_key in table.items:
+            table.items[hash_key].pop(range_key, None)
+            if not table.items[hash_key]:
+                del table.items[hash_key]
+
+
+def _parsed_once(parse: Any) -> Any:
+    """`get_filter_expression` that, inside a transaction, parses an expression with the
+    same names and values (the same request objects) once."""
+
+    def get_filter_expression(expr: Any, names: Any, values: Any) -> Any:
+        cache = getattr(_active, "parsed", None)
+        if cache is None:
+            return parse(expr, names, values)
+        key = (expr, id(names), id(values))
+        if key not in cache:  # the request's dicts live as long as the transaction
+            cache[key] = parse(expr, names, values)
+        return cache[key]
+
+    return get_filter_expression
+
+
+def _lexed_once(lex: Any) -> Any:
+    """moto's condition lexer with its result kept per expression string. Its tokens are
+    immutable leaves; every later pass builds new nodes and consumes its own deque."""
+
+    @functools.lru_cache(maxsize=4096)
+    def tokens(parser_class: Any, expression: str) -> tuple[Any, ...]:
+        parser = parser_class.__new__(parser_class)
+        parser.condition_expression = expression
+        return tuple(lex(parser))
+
+    def _lex_condition_expression(self: Any) -> Any:
+        return collections.deque(tokens(type(self), self.condition_expression))
+
+    return _lex_condition_expression
 
 
 def _patch() -> None:
@@ -46,14 +140,23 @@ def _patch() -> None:
     original = backend.transact_write_items
 
     def transact_write_items(self: Any, transact_items: list[dict[str, Any]]) -> None:
-        _active.cache = {}
+        saved = _saved_items(self, transact_items)
+        _active.tables, _active.parsed, _active.items_saved = {}, {}, saved is not None
         try:
             return original(self, transact_items)
+        except Exception:
+            if saved is not None:
+                _put_back(saved)
+            raise
         finally:
-            _active.cache = None
+            _active.tables, _active.parsed, _active.items_saved = None, None, False
 
     backend.transact_write_items = transact_write_items
-    ddb_models.copy = _CopyOncePerTransaction()
+    ddb_models.copy = _TransactionCopies()
+    for module in (ddb_models, ddb_table):
+        module.get_filter_expression = _parsed_once(module.get_filter_expression)
+    parser = ddb_comparisons.ConditionExpressionParser
+    parser._lex_condition_expression = _lexed_once(parser._lex_condition_expression)
     for name in _SERIALISED:
         setattr(backend, name, _serialised(getattr(backend, name)))
 

@@ -1,0 +1,184 @@
+"""processor.moto_server's DynamoDB: a failed transaction leaves exactly what was there
+before, conditions are judged with their own values, and a transaction copies only the
+items it names. Against the session's moto server over HTTP, which runs that entry point."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import uuid
+from typing import Any
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+
+from processor import local_aws
+
+
+@pytest.fixture
+def table(aws: local_aws.LocalAws) -> tuple[Any, str]:
+    ddb = boto3.client("dynamodb")
+    name = f"moto-{uuid.uuid4().hex[:8]}"
+    ddb.create_table(
+        TableName=name,
+        KeySchema=[
+            {"AttributeName": "pk", "KeyType": "HASH"},
+            {"AttributeName": "sk", "KeyType": "RANGE"},
+        ],
+        AttributeDefinitions=[
+            {"AttributeName": "pk", "AttributeType": "S"},
+            {"AttributeName": "sk", "AttributeType": "S"},
+        ],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    return ddb, name
+
+
+def _item(pk: str, v: int, sk: str = "head") -> dict[str, Any]:
+    return {"pk": {"S": pk}, "sk": {"S": sk}, "v": {"N": str(v)}, "blob": {"B": bytes([v]) * 40}}
+
+
+def _key(pk: str, sk: str = "head") -> dict[str, Any]:
+    return {"pk": {"S": pk}, "sk": {"S": sk}}
+
+
+def _all(ddb: Any, name: str) -> dict[tuple[str, str], dict[str, Any]]:
+    items = ddb.scan(TableName=name, ConsistentRead=True)["Items"]
+    return {(i["pk"]["S"], i["sk"]["S"]): i for i in items}
+
+
+def _if_v(v: int) -> dict[str, Any]:
+    return {
+        "ConditionExpression": "#v = :v",
+        "ExpressionAttributeNames": {"#v": "v"},
+        "ExpressionAttributeValues": {":v": {"N": str(v)}},
+    }
+
+
+def _reasons(exc: ClientError) -> list[str]:
+    return [r.get("Code", "None") for r in exc.response["CancellationReasons"]]
+
+
+def test_a_cancelled_transaction_leaves_every_item_as_it_was(table: tuple[Any, str]) -> None:
+    ddb, name = table
+    for pk, v in (("put", 1), ("update", 2), ("delete", 3), ("bystander", 4)):
+        ddb.put_item(TableName=name, Item=_item(pk, v))
+    ddb.put_item(TableName=name, Item=_item("put", 9, sk="other"))  # same hash key, other range
+    before = _all(ddb, name)
+
+    with pytest.raises(ClientError) as caught:
+        ddb.transact_write_items(
+            TransactItems=[
+                {"Put": {"TableName": name, "Item": _item("put", 11), **_if_v(1)}},
+                {"Put": {"TableName": name, "Item": _item("new", 12)}},
+                {"Put": {"TableName": name, "Item": _item("new-hash", 15, sk="x")}},
+                {
+                    "Update": {
+                        "TableName": name,
+                        "Key": _key("update"),
+                        "UpdateExpression": "SET #v = :n, #w = :n",
+                        "ExpressionAttributeNames": {"#v": "v", "#w": "w"},
+                        "ExpressionAttributeValues": {":n": {"N": "13"}},
+                    }
+                },
+                {"Delete": {"TableName": name, "Key": _key("delete")}},
+                {"Put": {"TableName": name, "Item": _item("bystander", 14), **_if_v(99)}},
+            ]
+        )
+    assert caught.value.response["Error"]["Code"] == "TransactionCanceledException"
+    assert _reasons(caught.value) == ["None"] * 5 + ["ConditionalCheckFailed"]
+    assert _all(ddb, name) == before
+
+
+def test_a_transaction_refused_half_way_is_undone(table: tuple[Any, str]) -> None:
+    """moto applies items in order and refuses a second write of one item when it reaches
+    it: the items written before that are put back."""
+    ddb, name = table
+    ddb.put_item(TableName=name, Item=_item("a", 1))
+    before = _all(ddb, name)
+    with pytest.raises(ClientError):
+        ddb.transact_write_items(
+            TransactItems=[
+                {"Put": {"TableName": name, "Item": _item("a", 2)}},
+                {"Put": {"TableName": name, "Item": _item("b", 3)}},
+                {"Delete": {"TableName": name, "Key": _key("a")}},
+            ]
+        )
+    assert _all(ddb, name) == before
+
+
+def test_one_expression_is_judged_with_each_items_own_values(table: tuple[Any, str]) -> None:
+    ddb, name = table
+    for pk in ("x", "y"):
+        ddb.put_item(TableName=name, Item=_item(pk, 5))
+
+    def both(vx: int, vy: int, to: int) -> None:
+        ddb.transact_write_items(
+            TransactItems=[
+                {"Put": {"TableName": name, "Item": _item("x", to), **_if_v(vx)}},
+                {"Put": {"TableName": name, "Item": _item("y", to), **_if_v(vy)}},
+            ]
+        )
+
+    with pytest.raises(ClientError) as caught:
+        both(5, 6, 7)
+    assert _reasons(caught.value) == ["None", "ConditionalCheckFailed"]
+    with pytest.raises(ClientError) as caught:
+        both(6, 5, 7)
+    assert _reasons(caught.value) == ["ConditionalCheckFailed", "None"]
+    both(5, 5, 7)
+    both(7, 7, 8)  # the same expression string again, with values it has not seen
+    assert {k: int(i["v"]["N"]) for k, i in _all(ddb, name).items()} == {
+        ("x", "head"): 8,
+        ("y", "head"): 8,
+    }
+
+
+def test_a_transaction_copies_the_items_it_names_not_the_table() -> None:
+    """In-process (a subprocess, so the patch stays out of this one): a transaction over
+    a table of 2,000 items deep-copies no table, and still rolls back."""
+    script = textwrap.dedent(
+        """
+        import copy, os
+        os.environ.update(AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="x",
+                          AWS_DEFAULT_REGION="us-east-1")
+        import boto3
+        from moto import mock_aws
+        import moto.dynamodb.models as m
+        from processor import moto_server
+        moto_server._patch()
+        tables = []
+        real = copy.deepcopy
+        def counting(obj, memo=None):
+            if isinstance(obj, m.Table):
+                tables.append(obj.name)
+            return real(obj, memo)
+        copy.deepcopy = counting
+        with mock_aws():
+            ddb = boto3.client("dynamodb")
+            ddb.create_table(TableName="t", KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+                             AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+                             BillingMode="PAY_PER_REQUEST")
+            for i in range(2000):
+                ddb.put_item(TableName="t", Item={"pk": {"S": str(i)}, "v": {"N": "0"}})
+            ok = [{"Put": {"TableName": "t", "Item": {"pk": {"S": str(i)}, "v": {"N": "1"}}}}
+                  for i in range(50)]
+            ddb.transact_write_items(TransactItems=ok)
+            bad = ok[:10] + [{"ConditionCheck": {"TableName": "t", "Key": {"pk": {"S": "60"}},
+                              "ConditionExpression": "attribute_not_exists(pk)"}}]
+            bad = [{"Put": {"TableName": "t", "Item": {"pk": {"S": str(i)}, "v": {"N": "2"}}}}
+                   for i in range(10)] + bad[10:]
+            try:
+                ddb.transact_write_items(TransactItems=bad)
+            except Exception as exc:
+                assert "TransactionCanceled" in str(exc), exc
+            got = ddb.get_item(TableName="t", Key={"pk": {"S": "3"}})["Item"]["v"]["N"]
+        print(len(tables), got)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.split() == ["0", "1"], out.stderr[-2000:]
