@@ -72,3 +72,11 @@ def make_stream(kinesis) -> Callable[[int], str]:  # noqa: ANN001
         raise TimeoutError(f"stream {name} not ACTIVE")
 
     return make
+
+
+@pytest.fixture
+def in_process_env() -> dict[str, str]:
+    """This environment without the session's emulator endpoints, for a subprocess whose
+    moto runs in-process (`mock_aws`): a request sent to the session's server instead
+    would find other tests' tables there."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("AWS_ENDPOINT_URL")}

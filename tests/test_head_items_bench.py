@@ -9,7 +9,9 @@ import sys
 import textwrap
 
 
-def test_the_block_layout_writes_each_slices_head_and_refuses_a_stale_token() -> None:
+def test_the_block_layout_writes_each_slices_head_and_refuses_a_stale_token(
+    in_process_env: dict[str, str],
+) -> None:
     script = textwrap.dedent(
         """
         import os
@@ -44,7 +46,12 @@ def test_the_block_layout_writes_each_slices_head_and_refuses_a_stale_token() ->
         """
     )
     out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=300
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=in_process_env,
+        check=False,
+        timeout=300,
     )
     assert out.stdout.split() == ["refused", str(256 // 32 + 256)], out.stderr[-2000:]
 
