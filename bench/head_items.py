@@ -25,6 +25,8 @@ import sys
 import time
 from typing import Any
 
+from changelog.resources import TABLE_SCHEMA
+
 SLICES = 256
 HEAD_BYTES = 1_700
 
@@ -38,18 +40,8 @@ _VARIANTS = {  # name: (layout, slices per block, moto's fixes on)
 
 
 def _table(ddb: Any) -> None:
-    ddb.create_table(
-        TableName="t",
-        KeySchema=[
-            {"AttributeName": "pk", "KeyType": "HASH"},
-            {"AttributeName": "sk", "KeyType": "RANGE"},
-        ],
-        AttributeDefinitions=[
-            {"AttributeName": "pk", "AttributeType": "S"},
-            {"AttributeName": "sk", "AttributeType": "S"},
-        ],
-        BillingMode="PAY_PER_REQUEST",
-    )
+    """A table laid out as an application's."""
+    ddb.create_table(TableName="t", **TABLE_SCHEMA)
 
 
 def _per_slice_batch(ddb: Any, logs: dict[int, bytes], version: int) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from botocore.exceptions import ClientError, EndpointConnectionError
 
@@ -60,6 +61,20 @@ def _ensure_bucket(loc: AppLocation) -> None:
             raise
 
 
+# An application's table: string keys `pk` and `sk` (`changelog.layout`), on demand.
+TABLE_SCHEMA: dict[str, Any] = {
+    "KeySchema": [
+        {"AttributeName": "pk", "KeyType": "HASH"},
+        {"AttributeName": "sk", "KeyType": "RANGE"},
+    ],
+    "AttributeDefinitions": [
+        {"AttributeName": "pk", "AttributeType": "S"},
+        {"AttributeName": "sk", "AttributeType": "S"},
+    ],
+    "BillingMode": "PAY_PER_REQUEST",
+}
+
+
 def _ensure_table(loc: AppLocation) -> None:
     ddb = aws.client("dynamodb", fail_fast=True)
     try:
@@ -74,18 +89,7 @@ def _ensure_table(loc: AppLocation) -> None:
         if _code(exc) != "ResourceNotFoundException":
             raise
         try:
-            ddb.create_table(
-                TableName=loc.table,
-                KeySchema=[
-                    {"AttributeName": "pk", "KeyType": "HASH"},
-                    {"AttributeName": "sk", "KeyType": "RANGE"},
-                ],
-                AttributeDefinitions=[
-                    {"AttributeName": "pk", "AttributeType": "S"},
-                    {"AttributeName": "sk", "AttributeType": "S"},
-                ],
-                BillingMode="PAY_PER_REQUEST",
-            )
+            ddb.create_table(TableName=loc.table, **TABLE_SCHEMA)
         except ClientError as exc2:
             if _code(exc2) in _DENIED:
                 raise ConfigurationError(

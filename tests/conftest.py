@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -74,9 +77,31 @@ def make_stream(kinesis) -> Callable[[int], str]:  # noqa: ANN001
     return make
 
 
+_IN_PROCESS_MOTO = """
+import os
+os.environ.update(AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="x", AWS_DEFAULT_REGION="us-east-1")
+import boto3
+from moto import mock_aws
+from processor import moto_server
+moto_server._patch()
+"""
+
+
 @pytest.fixture
-def in_process_env() -> dict[str, str]:
-    """This environment without the session's emulator endpoints, for a subprocess whose
-    moto runs in-process (`mock_aws`): a request sent to the session's server instead
-    would find other tests' tables there."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("AWS_ENDPOINT_URL")}
+def in_process_moto() -> Callable[[str], list[str]]:
+    """Run a Python script in a subprocess whose moto runs in-process (`mock_aws`) with
+    `processor.moto_server`'s fixes (they patch moto's modules, so not in this process);
+    returns the words it printed. The script starts with `boto3`, `mock_aws` and fake
+    credentials in place. The session's emulator endpoints are left out of its
+    environment: a request sent to the session's server would find other tests' tables."""
+
+    def run(script: str) -> list[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_ENDPOINT_URL")}
+        out = subprocess.run(
+            [sys.executable, "-c", _IN_PROCESS_MOTO + textwrap.dedent(script)],
+            capture_output=True, text=True, env=env, check=False, timeout=300,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out.stdout.split()
+
+    return run
