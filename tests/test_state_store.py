@@ -103,6 +103,49 @@ def test_a_reopened_store_keeps_its_data_and_version(tmp_path: Path) -> None:
         again.close()
 
 
+def test_a_store_keeps_bloom_filters_for_its_misses(store: SliceStore) -> None:
+    # What RocksDB recorded it opened the store with: SST files with a Bloom filter and
+    # a whole-key filter over the memtable (bench.store_reads: misses 2.6x cheaper).
+    (options,) = store.path.glob("OPTIONS-*")
+    text = options.read_text()
+    assert "filter_policy=bloomfilter" in text
+    assert "memtable_whole_key_filtering=true" in text
+    assert "memtable_prefix_bloom_size_ratio=0.001000" in text
+
+
+def test_a_store_written_without_filters_reads_the_same_with_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Stores and snapshots written before the filters were added open and read as before.
+    from rocksdict import Options
+
+    import state.store
+
+    def rocksdb_defaults() -> Options:
+        opts = Options(raw_mode=True)
+        opts.create_if_missing(True)
+        return opts
+
+    path = tmp_path / "slice"
+    with monkeypatch.context() as m:
+        m.setattr(state.store, "_options", rocksdb_defaults)
+        old = SliceStore(path, IDENTITY)
+        old.commit([(data_key(str(i)), str(i).encode()) for i in range(0, 2000, 2)], 1)
+        old.checkpoint(tmp_path / "flushed")  # the values now sit in an SST file too
+        old.commit([(data_key("late"), b"x")], 2)
+        old.close()
+    assert "filter_policy=nullptr" in next(path.glob("OPTIONS-*")).read_text()
+    again = SliceStore(path, IDENTITY)
+    try:
+        wanted = [data_key(str(i)) for i in range(2000)] + [data_key("late")]
+        found = again.get_many(wanted)
+        assert found[:2000] == [str(i).encode() if i % 2 == 0 else None for i in range(2000)]
+        assert found[2000] == b"x"
+        assert again.version == 2
+    finally:
+        again.close()
+
+
 def test_opening_a_store_with_a_different_identity_raises_corrupt_store_error(
     tmp_path: Path,
 ) -> None:
