@@ -144,6 +144,11 @@ class DurableState:
     def _ddb(self):  # noqa: ANN202
         return aws.client("dynamodb")
 
+    @property
+    def _commit_ddb(self):  # noqa: ANN202
+        """For the transactions of head items, built here from typed heads."""
+        return aws.client("dynamodb", validated=False)
+
     def heads(self, slices: list[int]) -> dict[int, Head]:
         """Committed heads of `slices` (absent when a slice was never committed)."""
         found: dict[int, Head] = {}
@@ -298,7 +303,7 @@ class DurableState:
         for lo, hi in chunks:
             for attempt in range(_CONFLICT_ATTEMPTS):
                 try:
-                    self._ddb.transact_write_items(TransactItems=items[lo:hi])
+                    self._commit_ddb.transact_write_items(TransactItems=items[lo:hi])
                     break
                 except ClientError as exc:
                     if exc.response["Error"]["Code"] != "TransactionCanceledException":

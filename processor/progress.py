@@ -174,7 +174,7 @@ def record(loc: AppLocation, progress: Progress) -> None:
     if progress.get("fenced"):
         latest_item["fenced"] = {"SS": sorted(set(progress["fenced"]))}
     try:
-        aws.client("dynamodb").transact_write_items(
+        aws.client("dynamodb", validated=False).transact_write_items(
             TransactItems=[
                 {
                     "Put": {

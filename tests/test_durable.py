@@ -7,8 +7,9 @@ from pathlib import Path
 
 import boto3
 import pytest
+from botocore.exceptions import ClientError, ParamValidationError
 
-from changelog import resources
+from changelog import aws, resources
 from changelog.durable import DurableState, SliceCommit
 from changelog.errors import (
     CommitConflictError,
@@ -317,3 +318,16 @@ def test_unreachable_endpoint_fails_fast_with_what_to_fix(location, monkeypatch)
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9")
     with pytest.raises(ConfigurationError, match="cannot reach .*AWS_ENDPOINT_URL_S3"):
         resources.ensure(location, 16)
+
+
+def test_the_commit_client_leaves_validation_to_the_service_and_the_others_keep_it(location):
+    """The per-batch transactions skip botocore's parameter check (their items are built
+    here); every other client still refuses a malformed request before sending it."""
+    bad = {"TableName": location.table, "Key": {"pk": {"S": 7}}}  # a number where a string goes
+    with pytest.raises(ParamValidationError):
+        aws.client("dynamodb").get_item(**bad)
+    with pytest.raises(ClientError):  # sent, and refused by the service
+        aws.client("dynamodb", validated=False).get_item(**bad)
+    durable = DurableState(location)
+    done = commit(durable, 3, 1, [kv(1)], batch=1)  # and commits still land
+    assert durable.heads([3])[3].log[-1].uid == done.uid
