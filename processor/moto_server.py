@@ -7,9 +7,10 @@
   that does not grow with the table. Tables with a stream still get a whole copy, once
   per table per call, since a rollback must also take back their stream records.
   moto also parses each item's condition expression again for every place that checks
-  it (two to three times per item); within one transaction an expression with the same
-  names and values is parsed once, and the tokens of an expression string (which depend
-  on nothing else) are kept for the next request that uses it.
+  it (three times per item: the request's validation, the transaction, the put); within
+  one TransactWriteItems request an expression with the same names and values is parsed
+  once, and the tokens of an expression string (which depend on nothing else) are kept
+  for the next request that uses it.
 - Isolation: moto's threaded server runs requests concurrently with no locking, so two
   conditional writes racing on one item can both pass their condition (seen with two
   committers racing). DynamoDB serialises them; here every DynamoDB operation takes one
@@ -31,6 +32,7 @@ from typing import Any
 import moto.dynamodb.comparisons as ddb_comparisons
 import moto.dynamodb.models as ddb_models
 import moto.dynamodb.models.table as ddb_table
+import moto.dynamodb.responses as ddb_responses
 from moto.server import main as moto_main
 
 _active = threading.local()
@@ -103,20 +105,63 @@ def _put_back(saved: _Saved) -> None:
                 del table.items[hash_key]
 
 
-def _parsed_once(parse: Any) -> Any:
-    """`get_filter_expression` that, inside a transaction, parses an expression with the
-    same names and values (the same request objects) once."""
+def _parse(create: Any, expr: Any, names: Any, values: Any) -> tuple[Any, Any]:
+    """(parser, parsed condition) of an expression, once per TransactWriteItems request for
+    the same names and values (the request's own dicts, alive as long as the request; an
+    empty or absent dict parses alike)."""
+    cache = getattr(_active, "parsed", None)
+    key = (expr, id(names) if names else None, id(values) if values else None)
+    found = None if cache is None else cache.get(key)
+    if found is None:
+        parser = create(expr, names, values)
+        found = (parser, parser.parse())
+        if cache is not None:
+            cache[key] = found
+    return found
+
+
+class _Parsed:
+    """A parser that has parsed already: what the request's validation reads of it."""
+
+    def __init__(self, parser: Any, op: Any) -> None:
+        self._parser, self._op = parser, op
+
+    def parse(self) -> Any:
+        return self._op
+
+    def __getattr__(self, name: str) -> Any:  # expr_attr_names_found, ...
+        return getattr(self._parser, name)
+
+
+def _parsed_once(create: Any) -> tuple[Any, Any]:
+    """moto's `get_filter_expression` (for the backend) and `create_condition_expression_
+    parser` (for the request's validation), sharing `_parse`'s cache."""
 
     def get_filter_expression(expr: Any, names: Any, values: Any) -> Any:
-        cache = getattr(_active, "parsed", None)
-        if cache is None:
-            return parse(expr, names, values)
-        key = (expr, id(names), id(values))
-        if key not in cache:  # the request's dicts live as long as the transaction
-            cache[key] = parse(expr, names, values)
-        return cache[key]
+        return _parse(create, expr, names, values)[1]
 
-    return get_filter_expression
+    def create_condition_expression_parser(expr: Any, names: Any, values: Any) -> Any:
+        if getattr(_active, "parsed", None) is None:
+            return create(expr, names, values)
+        return _Parsed(*_parse(create, expr, names, values))
+
+    return get_filter_expression, create_condition_expression_parser
+
+
+def _one_parse_per_request(handler: Any) -> Any:
+    """A request handler with `_parse`'s cache open for the whole request (nested: kept)."""
+
+    @functools.wraps(handler)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if getattr(_active, "parsed", None) is not None:
+            return handler(*args, **kwargs)
+        _active.parsed = {}
+        try:
+            return handler(*args, **kwargs)
+        finally:
+            _active.parsed = None
+
+    return call
 
 
 def _lexed_once(lex: Any) -> Any:
@@ -139,9 +184,10 @@ def _patch() -> None:
     backend = ddb_models.DynamoDBBackend
     original = backend.transact_write_items
 
+    @_one_parse_per_request
     def transact_write_items(self: Any, transact_items: list[dict[str, Any]]) -> None:
         saved = _saved_items(self, transact_items)
-        _active.tables, _active.parsed, _active.items_saved = {}, {}, saved is not None
+        _active.tables, _active.items_saved = {}, saved is not None
         try:
             return original(self, transact_items)
         except Exception:
@@ -149,12 +195,18 @@ def _patch() -> None:
                 _put_back(saved)
             raise
         finally:
-            _active.tables, _active.parsed, _active.items_saved = None, None, False
+            _active.tables, _active.items_saved = None, False
 
     backend.transact_write_items = transact_write_items
     ddb_models.copy = _TransactionCopies()
+    filter_expression, condition_parser = _parsed_once(
+        ddb_comparisons.create_condition_expression_parser
+    )
     for module in (ddb_models, ddb_table):
-        module.get_filter_expression = _parsed_once(module.get_filter_expression)
+        module.get_filter_expression = filter_expression
+    ddb_responses.create_condition_expression_parser = condition_parser
+    handler = ddb_responses.DynamoHandler
+    handler.transact_write_items = _one_parse_per_request(handler.transact_write_items)
     parser = ddb_comparisons.ConditionExpressionParser
     parser._lex_condition_expression = _lexed_once(parser._lex_condition_expression)
     for name in _SERIALISED:

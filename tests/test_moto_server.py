@@ -161,3 +161,48 @@ def test_a_transaction_copies_the_items_it_names_not_the_table(
         """
     )
     assert printed == ["cancelled", "0", "1"]
+
+
+def test_a_transaction_parses_each_items_condition_once_and_still_validates_it(
+    in_process_moto: Callable[[str], list[str]],
+) -> None:
+    """In-process: 20 items with their own values cost 20 parses (moto as released: 60,
+    for the request's validation, the transaction and the put), and the request's
+    validation still refuses an expression attribute name the expression does not use."""
+    printed = in_process_moto(
+        """
+        import moto.dynamodb.comparisons as c
+        parses = []
+        real = c.ConditionExpressionParser.parse
+        def counting(self):
+            parses.append(self.condition_expression)
+            return real(self)
+        c.ConditionExpressionParser.parse = counting
+        def put(i, v, old):
+            return {"Put": {"TableName": "t", "Item": {"pk": {"S": str(i)}, "v": {"N": v}},
+                            "ConditionExpression": "#v = :v",
+                            "ExpressionAttributeNames": {"#v": "v"},
+                            "ExpressionAttributeValues": {":v": {"N": old}}}}
+        with mock_aws():
+            ddb = boto3.client("dynamodb")
+            ddb.create_table(TableName="t", KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+                             AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+                             BillingMode="PAY_PER_REQUEST")
+            for i in range(20):
+                ddb.put_item(TableName="t", Item={"pk": {"S": str(i)}, "v": {"N": str(i)}})
+            parses.clear()
+            ddb.transact_write_items(TransactItems=[put(i, "100", str(i)) for i in range(20)])
+            print(len(parses))
+            unused = put(0, "101", "100")
+            unused["Put"]["ExpressionAttributeNames"]["#w"] = "w"
+            try:
+                ddb.transact_write_items(TransactItems=[unused])
+            except ddb.exceptions.ClientError as exc:
+                print(exc.response["Error"]["Code"], "#w" in exc.response["Error"]["Message"])
+            parses.clear()
+            ddb.put_item(**put(1, "102", "100")["Put"])  # outside a transaction: as moto does
+            item = ddb.get_item(TableName="t", Key={"pk": {"S": "1"}})["Item"]
+            print(len(parses) >= 1, item["v"]["N"])
+        """
+    )
+    assert printed == ["20", "ValidationException", "True", "True", "102"]
