@@ -39,7 +39,7 @@ def _options() -> Options:
     # most are not there yet. Without filters every miss searches the memtable and every
     # SST file a snapshot's flush left; a Bloom filter per SST (10 bits a key, about 1%
     # false positives) and one over the memtable (MEMTABLE_BLOOM_RATIO of its budget)
-    # answer most of them without looking (bench/results/state_loop.json).
+    # answer most of them without looking (bench/results/store_reads.json).
     table = BlockBasedOptions()
     table.set_bloom_filter(10, False)
     opts.set_block_based_table_factory(table)

@@ -84,6 +84,12 @@ import boto3
 from moto import mock_aws
 from processor import moto_server
 moto_server._patch()
+
+
+def hash_table(ddb, name="t"):
+    ddb.create_table(TableName=name, KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+                     AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+                     BillingMode="PAY_PER_REQUEST")
 """
 
 
@@ -91,9 +97,10 @@ moto_server._patch()
 def in_process_moto() -> Callable[[str], list[str]]:
     """Run a Python script in a subprocess whose moto runs in-process (`mock_aws`) with
     `processor.moto_server`'s fixes (they patch moto's modules, so not in this process);
-    returns the words it printed. The script starts with `boto3`, `mock_aws` and fake
-    credentials in place. The session's emulator endpoints are left out of its
-    environment: a request sent to the session's server would find other tests' tables."""
+    returns the words it printed. The script starts with `boto3`, `mock_aws`, fake
+    credentials and `hash_table(ddb, name="t")` (a table keyed by `pk` alone) in place.
+    The session's emulator endpoints are left out of its environment: a request sent to
+    the session's server would find other tests' tables."""
 
     def run(script: str) -> list[str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_ENDPOINT_URL")}

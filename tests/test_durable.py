@@ -322,12 +322,24 @@ def test_unreachable_endpoint_fails_fast_with_what_to_fix(location, monkeypatch)
 
 def test_the_commit_client_leaves_validation_to_the_service_and_the_others_keep_it(location):
     """The per-batch transactions skip botocore's parameter check (their items are built
-    here); every other client still refuses a malformed request before sending it."""
+    here) and go through that client; every other client still refuses a malformed
+    request before sending it."""
     bad = {"TableName": location.table, "Key": {"pk": {"S": 7}}}  # a number where a string goes
     with pytest.raises(ParamValidationError):
         aws.client("dynamodb").get_item(**bad)
     with pytest.raises(ClientError):  # sent, and refused by the service
         aws.client("dynamodb", validated=False).get_item(**bad)
-    durable = DurableState(location)
-    done = commit(durable, 3, 1, [kv(1)], batch=1)  # and commits still land
+
+    sent: list[bool] = []
+    event = "before-call.dynamodb.TransactWriteItems"
+    hooks = {v: (lambda v=v, **_: sent.append(v)) for v in (True, False)}
+    for validated, hook in hooks.items():
+        aws.client("dynamodb", validated=validated).meta.events.register(event, hook)
+    try:
+        durable = DurableState(location)
+        done = commit(durable, 3, 1, [kv(1)], batch=1)
+    finally:
+        for validated, hook in hooks.items():
+            aws.client("dynamodb", validated=validated).meta.events.unregister(event, hook)
+    assert sent == [False]  # the commit's one transaction, through the unvalidated client
     assert durable.heads([3])[3].log[-1].uid == done.uid

@@ -144,9 +144,7 @@ def test_a_transaction_copies_the_items_it_names_not_the_table(
             return {"Put": {"TableName": "t", "Item": {"pk": {"S": str(i)}, "v": {"N": v}}}}
         with mock_aws():
             ddb = boto3.client("dynamodb")
-            ddb.create_table(TableName="t", KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
-                             AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
-                             BillingMode="PAY_PER_REQUEST")
+            hash_table(ddb)
             for i in range(2000):
                 ddb.put_item(**put(i, "0")["Put"])
             ddb.transact_write_items(TransactItems=[put(i, "1") for i in range(50)])
@@ -185,9 +183,7 @@ def test_a_transaction_parses_each_items_condition_once_and_still_validates_it(
                             "ExpressionAttributeValues": {":v": {"N": old}}}}
         with mock_aws():
             ddb = boto3.client("dynamodb")
-            ddb.create_table(TableName="t", KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
-                             AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
-                             BillingMode="PAY_PER_REQUEST")
+            hash_table(ddb)
             for i in range(20):
                 ddb.put_item(TableName="t", Item={"pk": {"S": str(i)}, "v": {"N": str(i)}})
             parses.clear()
