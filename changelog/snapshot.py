@@ -284,6 +284,35 @@ def write_snapshot(
     return SnapRef(version, key, m.bytes, len(m.files)), m, uploaded + len(body)
 
 
+SNAPSHOT_THREADS = 4
+_snapshot_pool: ThreadPoolExecutor | None = None
+
+
+def snapshot_pool() -> ThreadPoolExecutor:
+    """The process's pool for whole snapshots (`upload_checkpoint`): separate from
+    `file_pool`, whose threads a snapshot waits on for its SST objects."""
+    global _snapshot_pool
+    with _pool_lock:
+        if _snapshot_pool is None:
+            _snapshot_pool = ThreadPoolExecutor(
+                SNAPSHOT_THREADS, thread_name_prefix="shardless-snapshot"
+            )
+        return _snapshot_pool
+
+
+def upload_checkpoint(
+    loc: AppLocation, slice_id: int, version: int, checkpoint: Path, previous: SnapRef | None
+) -> tuple[SnapRef, int]:
+    """Upload the checkpoint of slice `slice_id` taken at `version` as a snapshot sharing
+    the SST objects of `previous` (the slice's newest snapshot, None for none) that it still
+    contains; return its reference and the bytes sent. The checkpoint is left in place."""
+    base = None
+    if previous is not None:
+        base = read_manifest(loc, previous.key, slice_id=slice_id, version=previous.version)
+    ref, _, sent = write_snapshot(loc, slice_id, version, Path(checkpoint), base)
+    return ref, sent
+
+
 def _check_header(header: bytes, f: SstFile, where: str) -> None:
     """Refuse an SST object whose header is not ours or disagrees with the manifest."""
     if len(header) < _SST.size:

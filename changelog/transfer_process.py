@@ -1,4 +1,5 @@
-"""SST downloads in a helper process, so that a restore's store opens do not stall them.
+"""S3 transfers in a helper process: a restore's SST downloads, so that its store opens do
+not stall them, and snapshot uploads, so that they do not stall the slices' handlers.
 
 rocksdict holds Python's GIL while RocksDB opens a store: measured here, another thread of
 the process makes 4% of its usual progress meanwhile. A restore opens one store per slice
@@ -16,6 +17,12 @@ with the bytes written, or fetches a small object (a manifest, a changelog secti
 answers with its bytes, which this process verifies as it would its own. A refusal comes
 back as the same error, with the same message.
 
+Snapshots (`snapshot`, `upload_checkpoint` there) go to the helper for the same reason:
+an upload's Python (botocore's signing and HTTP, the manifest) ran on threads of the
+process that runs the next slices' handlers, and took the GIL from them. Measured in
+`bench.vs_spark` (Zipf keys, 256 slices, 8 snapshots a batch), `process` took 0.21-0.42 s
+a batch with snapshots and 0.14-0.26 s without (docs/benchmarks.md).
+
 The helper takes a few tenths of a second to start (Python, boto3): transfers asked for
 before it says it is ready run in this process, so its start overlaps the restore's first
 transfers instead of delaying them.
@@ -29,7 +36,11 @@ Protocol over the helper's stdin and stdout, frames of u32 length + msgpack:
 
     request  := [id, "sst", bucket, key, name, size, crc32, dest]   (`download_sst`)
               | [id, "get", bucket, key, byte range or nil]           (`get_bytes`)
-    response := [id, "ok", bytes written | the object's bytes] | [id, kind, message]
+              | [id, "snap", bucket, previous manifest key or nil, app, prefix, table,
+                 slice, version, previous version or nil, checkpoint dir]
+                                                                      (`upload_checkpoint`)
+    response := [id, "ok", bytes written | the object's bytes | snapshot] | [id, kind, message]
+    snapshot := [version, manifest key, bytes, files, bytes sent]
     kind     := "missing" | "corrupt" | "error"
 """
 
@@ -50,12 +61,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import msgpack
 
 from changelog import aws
 from changelog.errors import ChangelogError, CorruptObjectError, MissingObjectError
+from changelog.layout import AppLocation, SnapRef
 from changelog.snapshot import (
     FILE_THREADS,
     IN_PROCESS,
@@ -63,6 +75,8 @@ from changelog.snapshot import (
     SstFile,
     download_sst,
     get_bytes,
+    snapshot_pool,
+    upload_checkpoint,
 )
 
 log = logging.getLogger(__name__)
@@ -107,11 +121,12 @@ class _Request:
     here: Callable[[], Future]  # the same transfer started in this process
     on_bytes: OnBytes | None = None
     proc: subprocess.Popen | None = None
+    decode: Callable[[Any], Any] | None = None  # the reply's value to the future's result
 
 
 class TransferProcess:
-    """Runs `download_sst` and `get_bytes` in the helper process; a drop-in for
-    `snapshot.IN_PROCESS` (`snapshot.Transfers`)."""
+    """Runs `download_sst`, `get_bytes` and `upload_checkpoint` in the helper process; a
+    drop-in for `snapshot.IN_PROCESS` (`snapshot.Transfers`) in restores."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
@@ -164,6 +179,28 @@ class TransferProcess:
         """`get_bytes(bucket, key, byte_range)` in the helper."""
         here = partial(IN_PROCESS.fetch, bucket, key, byte_range)
         return self._send(_Request(Future(), ["get", bucket, key, byte_range], here))
+
+    def snapshot(
+        self,
+        loc: AppLocation,
+        slice_id: int,
+        version: int,
+        checkpoint: Path,
+        previous: SnapRef | None,
+    ) -> Future[tuple[SnapRef, int]]:
+        """`upload_checkpoint(loc, slice_id, version, checkpoint, previous)` in the helper
+        (in this process's `snapshot_pool` until the helper is ready, or once it is gone)."""
+        checkpoint = Path(checkpoint).absolute()
+        body = [
+            "snap", loc.bucket, previous.key if previous else None, loc.app, loc.prefix,
+            loc.table, slice_id, version, previous.version if previous else None,
+            str(checkpoint),
+        ]  # fmt: skip
+        here = partial(
+            snapshot_pool().submit, upload_checkpoint, loc, slice_id, version, checkpoint,
+            previous,
+        )  # fmt: skip
+        return self._send(_Request(Future(), body, here, decode=_snap_ref))
 
     def _send(self, req: _Request) -> Future:
         req.future.set_running_or_notify_cancel()  # like a started transfer: not cancellable
@@ -246,7 +283,7 @@ class TransferProcess:
                 if kind == "ok":
                     if req.on_bytes is not None:
                         req.on_bytes(value)
-                    req.future.set_result(value)
+                    req.future.set_result(value if req.decode is None else req.decode(value))
                 else:
                     req.future.set_exception(_ERRORS.get(kind, TransferError)(value))
         finally:
@@ -289,6 +326,11 @@ class TransferProcess:
         inner.add_done_callback(copy)
 
 
+def _snap_ref(value: list) -> tuple[SnapRef, int]:
+    version, key, size, files, sent = value
+    return SnapRef(version, key, size, files), sent
+
+
 def in_helper(future: Future) -> bool:
     """Whether `future`'s transfer was handed to a helper process (a transfer it left
     unfinished, and then ran here, counts too)."""
@@ -314,10 +356,19 @@ def _serve(src: BinaryIO, out: BinaryIO) -> None:
 
     def run(request: list) -> None:
         rid, op, bucket, key, *rest = request
+        what = f"s3://{bucket}/{key}"
+        if op == "snap":
+            what = f"snapshot of slice {rest[3]} v{rest[4]} to s3://{bucket}/{rest[1]}"
         try:
             if op == "sst":
                 name, size, crc, dest = rest
-                done: int | bytes = download_sst(bucket, SstFile(name, key, size, crc), Path(dest))
+                done: Any = download_sst(bucket, SstFile(name, key, size, crc), Path(dest))
+            elif op == "snap":
+                app, prefix, table, slice_id, version, previous_version, checkpoint = rest
+                loc = AppLocation(app=app, bucket=bucket, prefix=prefix, table=table)
+                previous = None if key is None else SnapRef(previous_version, key, 0, 0)
+                ref, sent = upload_checkpoint(loc, slice_id, version, Path(checkpoint), previous)
+                done = [ref.version, ref.key, ref.bytes, ref.files, sent]
             else:
                 done = get_bytes(bucket, key, rest[0])
             reply = [rid, "ok", done]
@@ -326,7 +377,7 @@ def _serve(src: BinaryIO, out: BinaryIO) -> None:
         except CorruptObjectError as exc:
             reply = [rid, "corrupt", str(exc)]
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the restore
-            reply = [rid, "error", f"s3://{bucket}/{key}: {type(exc).__name__}: {exc}"]
+            reply = [rid, "error", f"{what}: {type(exc).__name__}: {exc}"]
         try:
             with lock:
                 _write_frame(out, msgpack.packb(reply))

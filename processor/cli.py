@@ -77,6 +77,7 @@ def _run(args: argparse.Namespace) -> int:
         snapshot_log_mb=args.snapshot_log_mb,
         keep_snapshots=args.keep_snapshots,
         transfer_process_mb=args.transfer_process_mb,
+        snapshot_uploads=args.snapshot_uploads,
         group_owner=args.group_owner,
         owner_idle_seconds=args.owner_idle_seconds,
         decoder=args.decoder,
@@ -209,6 +210,13 @@ def parser() -> argparse.ArgumentParser:
         default=64.0,
         help="a restore fetching at least this many MB of snapshots runs its S3 transfers in "
         "a helper process, out of the way of the store opens",
+    )
+    run.add_argument(
+        "--snapshot-uploads",
+        choices=("helper", "worker"),
+        default="helper",
+        help="who uploads a slice's snapshots: the worker's helper process (default), out of "
+        "the way of the handlers, or threads of the process that runs the group",
     )
     run.add_argument(
         "--group-owner",

@@ -65,6 +65,7 @@ class JobConfig:
     snapshot_log_mb: int = 64
     keep_snapshots: int = 3
     transfer_process_mb: float = 64.0
+    snapshot_uploads: str = "helper"
     group_owner: str = "worker"
     owner_idle_seconds: int = 600
     decoder: str = "raw"
@@ -108,6 +109,12 @@ class JobConfig:
             raise ConfigError(
                 f"--transfer-process-mb {self.transfer_process_mb}: must be between 0 (every "
                 "restore that fetches anything) and 1000000 (in effect never)"
+            )
+        if self.snapshot_uploads not in ("helper", "worker"):
+            raise ConfigError(
+                f"--snapshot-uploads {self.snapshot_uploads!r}: use helper (the worker's helper "
+                "process uploads snapshots, the default) or worker (threads of the process "
+                "that runs the group do)"
             )
         if self.group_owner not in ("worker", "process"):
             raise ConfigError(

@@ -200,6 +200,7 @@ def outputs(
             snapshot_log_bytes=cfg.snapshot_log_mb * 1024 * 1024,
             keep_snapshots=cfg.keep_snapshots,
             transfer_process_bytes=int(cfg.transfer_process_mb * 1024 * 1024),
+            snapshot_uploads=cfg.snapshot_uploads,
             group_owner=cfg.group_owner,
             owner_idle_seconds=cfg.owner_idle_seconds,
             fixed_columns={c: v for c, v in fixed.items() if c not in columns},

@@ -33,10 +33,9 @@ import json
 import logging
 import os
 import shutil
-import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from itertools import pairwise, repeat
 from pathlib import Path
@@ -47,8 +46,8 @@ import pandas as pd
 
 from changelog.durable import DurableState, HeadConflictError, SliceCommit
 from changelog.layout import AppLocation, Head, SnapRef, new_uid, snapshot_due
-from changelog.snapshot import read_manifest, write_snapshot
-from changelog.transfer_process import TRANSFER_PROCESS_BYTES
+from changelog.snapshot import snapshot_pool, upload_checkpoint
+from changelog.transfer_process import TRANSFER_PROCESS_BYTES, transfer_process
 from processor.api import Event
 from processor.dead_letter import DeadLetter, target
 from processor.errors import ProcessorError
@@ -81,6 +80,9 @@ class RuntimeConfig:
     snapshot_log_bytes: int = 64 * 1024 * 1024
     keep_snapshots: int = 3
     transfer_process_bytes: int | None = TRANSFER_PROCESS_BYTES
+    # "helper": snapshots upload in the worker's helper process (`changelog.transfer_process`);
+    # "worker": on threads of the process that runs the group
+    snapshot_uploads: str = "helper"
     value_format: int = encoding.MSGPACK
     allow_pickle: bool = False
     timer_poll_ms: int = 1000
@@ -102,34 +104,20 @@ class RuntimeConfig:
         return self.dead_letter or f"s3://{self.location.bucket}/{self.location.prefix}/dead-letter"
 
 
-_snapshot_lock = threading.Lock()
-_snapshot_pool: ThreadPoolExecutor | None = None
-
-
-def _snapshots() -> ThreadPoolExecutor:
-    global _snapshot_pool
-    with _snapshot_lock:
-        if _snapshot_pool is None:
-            _snapshot_pool = ThreadPoolExecutor(4, thread_name_prefix="shardless-snapshot")
-        return _snapshot_pool
-
-
-def _take_snapshot(
-    loc: AppLocation, slice_id: int, version: int, checkpoint: Any, head: Head | None
-) -> tuple[SnapRef, int]:
-    """Upload a checkpoint taken at `version`; return its reference and the bytes sent."""
-    try:
-        previous = None
-        if head is not None and head.snaps:
-            last = head.snaps[-1]
-            previous = read_manifest(loc, last.key, slice_id=slice_id, version=last.version)
-        ref, _, sent = write_snapshot(loc, slice_id, version, checkpoint, previous)
-        entry = next((e for e in head.log if e.version == version), None) if head else None
-        if entry is not None:
-            ref = replace(ref, batch=entry.batch, query=entry.query)
-        return ref, sent
-    finally:
-        shutil.rmtree(checkpoint, ignore_errors=True)
+def _start_snapshot(
+    cfg: RuntimeConfig, slice_id: int, version: int, checkpoint: Path, head: Head | None
+) -> Future[tuple[SnapRef, int]]:
+    """Start uploading a checkpoint taken at `version` (in the helper process, or here with
+    `snapshot_uploads="worker"`); the checkpoint is removed once the upload is over."""
+    previous = head.snaps[-1] if head is not None and head.snaps else None
+    if cfg.snapshot_uploads == "helper":
+        future = transfer_process().snapshot(cfg.location, slice_id, version, checkpoint, previous)
+    else:
+        future = snapshot_pool().submit(
+            upload_checkpoint, cfg.location, slice_id, version, checkpoint, previous
+        )
+    future.add_done_callback(lambda _: shutil.rmtree(checkpoint, ignore_errors=True))
+    return future
 
 
 def _dumps(value: Any) -> str:
@@ -203,12 +191,18 @@ class _StaleHeads(Exception):
     """A commit lost because a head this host knew was stale: run again from fresh heads."""
 
 
-def _snapshot_result(s: int, future: Future) -> tuple[SnapRef, int] | None:
+def _snapshot_result(s: int, future: Future, head: Head | None) -> tuple[SnapRef, int] | None:
+    """A snapshot's reference (naming the batch that committed its version, from `head`'s
+    log) and the bytes it sent; None when it failed."""
     try:
-        return future.result()
+        ref, sent = future.result()
     except Exception as exc:  # noqa: BLE001 - a snapshot is an optimisation; commit without it
         log.warning("slice %s: snapshot failed, committing without it: %s", s, exc)
         return None
+    entry = next((e for e in head.log if e.version == ref.version), None) if head else None
+    if entry is not None:
+        ref = replace(ref, batch=entry.batch, query=entry.query)
+    return ref, sent
 
 
 @contextlib.contextmanager
@@ -432,9 +426,7 @@ class GroupRunner:
             ):
                 point = cache.own / f"snap-{s:05d}-{new_uid()}"
                 stores[s][0].checkpoint(point)
-                snapshots[s] = _snapshots().submit(
-                    _take_snapshot, cfg.location, s, base, point, head
-                )
+                snapshots[s] = _start_snapshot(cfg, s, base, point, head)
         lap("snapshot_checkpoints")
         rows: list[tuple] = []
         commits: list[SliceCommit] = []
@@ -473,7 +465,7 @@ class GroupRunner:
             )  # fmt: skip
             lap("dead_letters")
         commits, metrics["snapshots"], metrics["snapshot_bytes"] = self._with_snapshots(
-            commits, snapshots
+            commits, snapshots, {s: stores[s][1] for s in snapshots}
         )
         lap("snapshot_wait")
         try:
@@ -488,7 +480,13 @@ class GroupRunner:
         metrics["segment_bytes"] = done.bytes
         metrics["transactions"] = done.transactions
         for c, (changes, undo) in zip(commits, deltas, strict=True):
-            stores[c.slice][0].commit(changes, c.version, undo, tag=done.uid)
+            store = stores[c.slice][0]
+            store.commit(changes, c.version, undo, tag=done.uid)
+            if snapshot_due(
+                done.heads.get(c.slice), c.version, c.slice, cfg.snapshot_every,
+                cfg.snapshot_log_bytes,
+            ):  # fmt: skip
+                store.flush_soon()  # the next batch's checkpoint then finds it done
         lap("local_commit")
         cache.remember(group, query, batch, {s: done.heads.get(s, stores[s][1]) for s in slices})
         lap("remember")
@@ -498,12 +496,12 @@ class GroupRunner:
 
     @staticmethod
     def _with_snapshots(
-        commits: list[SliceCommit], snapshots: dict[int, Future]
+        commits: list[SliceCommit], snapshots: dict[int, Future], heads: dict[int, Head | None]
     ) -> tuple[list[SliceCommit], int, int]:
         """Attach the snapshots taken this batch to their slices' commits. A snapshot that
         failed is left out (logged); one of a slice that commits nothing is unreferenced
         and garbage-collected."""
-        results = {s: _snapshot_result(s, f) for s, f in snapshots.items()}
+        results = {s: _snapshot_result(s, f, heads[s]) for s, f in snapshots.items()}
         out, count, sent = [], 0, 0
         for c in commits:
             found = results.get(c.slice)

@@ -336,3 +336,100 @@ def test_the_cycle_collector_pauses_for_a_batch_and_freezes_the_worker_once(monk
     finally:
         gc.enable()
         gc.unfreeze()
+
+
+@pytest.fixture
+def helper(monkeypatch):
+    """The runtime's helper process: a new one, ready, stopped afterwards."""
+    from changelog.transfer_process import TransferProcess
+    from processor import runtime
+
+    tp = TransferProcess()
+    assert tp.wait_ready(60)
+    monkeypatch.setattr(runtime, "transfer_process", lambda: tp)
+    yield tp
+    tp.stop()
+
+
+@pytest.mark.parametrize("uploads", ["helper", "worker"])
+def test_snapshots_upload_where_configured_name_their_batch_and_restore(
+    location, tmp_path, helper, uploads
+):
+    from changelog.layout import query_tag
+
+    r = runner(location, tmp_path, snapshot_every=2, snapshot_uploads=uploads)
+    hot = ["user-1"] * 3
+    taken = 0
+    for b in range(6):
+        out = r.run(0, "q", b, frame(KEYS[b * 20 : (b + 1) * 20] + hot, b * 100))
+        taken += json.loads(out[out.kind == "metrics"].value.iloc[0])["snapshots"]
+    s = route("user-1", None, SLICES)
+    head = DurableState(location).heads([s])[s]
+    assert taken >= 2 and head.snaps
+    # each snapshot names the batch that committed its version (batch b commits b + 1)
+    assert all((x.batch, x.query) == (x.version - 1, query_tag("q")) for x in head.snaps)
+    if uploads == "helper":
+        assert (helper.sent, helper.ran_here) == (taken, 0)
+    else:
+        assert (helper.sent, helper.ran_here) == (0, 0)
+    assert not list(tmp_path.glob("**/snap-*"))  # every checkpoint removed after its upload
+    for path in tmp_path.glob("*/w*/slice-*"):
+        shutil.rmtree(path)
+    out = r.run(0, "q", 6, frame(["user-1"], 900))
+    (restored,) = json.loads(out[out.kind == "metrics"].value.iloc[0])["restores"]
+    assert restored["snapshot_version"] == head.snaps[-1].version
+    assert outputs(out) == [{"key": "user-1", "n": Counter(KEYS[:120])["user-1"] + 3 * 6 + 1}]
+
+
+def test_a_snapshot_the_helper_cannot_take_is_left_out_and_the_batch_commits(
+    location, tmp_path, helper, monkeypatch, caplog
+):
+    from processor import runtime
+
+    def no_checkpoint(cfg, slice_id, version, checkpoint, head):
+        shutil.rmtree(checkpoint)  # the helper finds nothing to upload
+        return start(cfg, slice_id, version, checkpoint, head)
+
+    start = runtime._start_snapshot
+    monkeypatch.setattr(runtime, "_start_snapshot", no_checkpoint)
+    r = runner(location, tmp_path, snapshot_every=1)
+    r.run(0, "q", 0, frame(["user-1"]))
+    out = r.run(0, "q", 1, frame(["user-1"], 100))
+    metrics = json.loads(out[out.kind == "metrics"].value.iloc[0])
+    assert metrics["snapshots"] == 0 and metrics["committed_slices"] == 1
+    s = route("user-1", None, SLICES)
+    head = DurableState(location).heads([s])[s]
+    assert (head.version, head.snaps) == (2, ())
+    assert helper.sent == 1 and helper.ran_here == 0
+    assert f"slice {s}: snapshot failed, committing without it" in caplog.text
+    assert f"snapshot of slice {s} v1" in caplog.text
+
+
+def test_the_batch_before_a_snapshot_starts_its_memtable_flush(location, tmp_path):
+    import time
+
+    from changelog.layout import snapshot_due
+    from processor.stores import cache_for
+
+    every = 3
+    r = runner(location, tmp_path, snapshot_every=every)
+    s = route("user-1", None, SLICES)
+    flushed_before = []
+    for b in range(7):
+        r.run(0, "q", b, frame(["user-1"] * 4, b * 10))
+        head = DurableState(location).heads([s])[s]
+        store = cache_for(str(tmp_path), location.app, SLICES)._open[s]
+
+        def in_memtable(store=store) -> int:
+            return store._db.property_int_value("rocksdb.num-entries-active-mem-table")
+
+        if snapshot_due(head, head.version, s, every, 1 << 40):
+            deadline = time.monotonic() + 10
+            while in_memtable() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert in_memtable() == 0, f"after batch {b}: the memtable was not flushed"
+            flushed_before.append(head.version)
+        else:
+            assert in_memtable() > 0, f"after batch {b}: flushed with no snapshot due"
+    assert len(flushed_before) >= 2
+    assert head.snaps and {x.version for x in head.snaps} <= set(flushed_before)

@@ -1,6 +1,7 @@
-"""A large restore's transfers in the helper process (`changelog.transfer_process`), against
-moto server over HTTP: the same stores as in-process, the same refusals with the same
-names, and nothing lost when the helper dies with downloads in flight."""
+"""A large restore's transfers and the snapshots' uploads in the helper process
+(`changelog.transfer_process`), against moto server over HTTP: the same stores as
+in-process, the same refusals with the same names, and nothing lost when the helper dies
+with transfers in flight."""
 
 from __future__ import annotations
 
@@ -15,13 +16,15 @@ from changelog import restore as restore_module
 from changelog.durable import DurableState, section_range
 from changelog.errors import CorruptObjectError, MissingObjectError
 from changelog.restore import RestoreJob, identity, restore_many
-from changelog.snapshot import IN_PROCESS, manifests, read_manifest
+from changelog.snapshot import IN_PROCESS, download_snapshot, manifests, read_manifest
 from changelog.transfer_process import (
     TRANSFER_PROCESS_BYTES,
+    TransferError,
     TransferProcess,
     _read_frame,
     _write_frame,
 )
+from state.store import SliceStore
 from tests.test_durable import SLICES
 from tests.test_restore_many import build, corrupt
 
@@ -187,3 +190,72 @@ def test_a_frame_cut_short_ends_the_stream():
     assert _read_frame(src) == b"hello"
     assert _read_frame(src) is None
     assert _read_frame(io.BytesIO(b"")) is None
+
+
+def _writer(location, tmp_path, slice_id: int, versions: range) -> SliceStore:
+    store = SliceStore(tmp_path / f"w-{slice_id}", identity(location.app, slice_id, SLICES))
+    for v in versions:
+        store.commit([(b"\x01k%05d" % i, b"v%d" % v) for i in range(v * 300, v * 300 + 300)], v)
+    return store
+
+
+def _restored(location, tmp_path, ref, slice_id: int, name: str) -> dict:
+    manifests._items.clear()
+    m = read_manifest(location, ref.key, slice_id=slice_id, version=ref.version)
+    download_snapshot(location, m, tmp_path / name)
+    store = SliceStore(tmp_path / name, identity(location.app, slice_id, SLICES))
+    try:
+        return dict(store.items())
+    finally:
+        store.close()
+
+
+def test_a_snapshot_uploads_in_the_helper_sharing_the_files_of_the_one_before(
+    location, tmp_path, helper
+):
+    writer = _writer(location, tmp_path, 4, range(1, 3))
+    first = writer.checkpoint(tmp_path / "ck-2")
+    ref, sent = helper.snapshot(location, 4, 2, first, None).result(timeout=60)
+    assert (ref.version, helper.sent, helper.ran_here) == (2, 1, 0)
+    assert sent > ref.bytes * 0.9  # everything is new
+    assert _restored(location, tmp_path, ref, 4, "r-2") == dict(writer.items())
+    for v in range(3, 5):
+        writer.commit([(b"\x01n%05d" % v, b"new")], v)
+    second = writer.checkpoint(tmp_path / "ck-4")
+    ref2, sent2 = helper.snapshot(location, 4, 4, second, ref).result(timeout=60)
+    assert (ref2.version, helper.sent, helper.ran_here) == (4, 2, 0)
+    m1 = read_manifest(location, ref.key, slice_id=4, version=2)
+    m2 = read_manifest(location, ref2.key, slice_id=4, version=4)
+    shared = {f.key for f in m1.files} & {f.key for f in m2.files}
+    new = sum(f.size for f in m2.files if f.key not in shared)
+    manifest = boto3.client("s3").head_object(Bucket=location.bucket, Key=ref2.key)
+    assert shared and sent2 == new + manifest["ContentLength"]  # shared files not sent again
+    assert _restored(location, tmp_path, ref2, 4, "r-4") == dict(writer.items())
+    assert first.is_dir() and second.is_dir()  # removing a checkpoint is the caller's
+    writer.close()
+
+
+def test_a_snapshot_left_by_a_helper_that_dies_is_taken_here(location, tmp_path):
+    writer = _writer(location, tmp_path, 6, range(1, 4))
+    point = writer.checkpoint(tmp_path / "ck-3")
+    tp = TransferProcess()
+    try:
+        assert tp.wait_ready(60)
+        pid = tp.helper_pid
+        os.kill(pid, signal.SIGSTOP)  # it takes the request and never answers
+        future = tp.snapshot(location, 6, 3, point, None)
+        assert not future.done() and tp.sent == 1
+        os.kill(pid, signal.SIGKILL)
+        ref, _ = future.result(timeout=60)
+        assert tp.ran_here == 1 and ref.version == 3
+        assert _restored(location, tmp_path, ref, 6, "r-3") == dict(writer.items())
+    finally:
+        tp.stop()
+        writer.close()
+
+
+def test_a_snapshot_the_helper_cannot_take_names_the_slice_and_version(location, tmp_path, helper):
+    future = helper.snapshot(location, 9, 5, tmp_path / "no-such-checkpoint", None)
+    with pytest.raises(TransferError, match=r"snapshot of slice 9 v5 to s3://.*FileNotFound"):
+        future.result(timeout=60)
+    assert helper.ran_here == 0
