@@ -19,6 +19,11 @@ Contenders, each counting records per key:
   apply_in_pandas_with_state       grouped by key, state = the count
   transform_with_state_in_pandas   a ValueState count per key
   spark_sql_count                  groupBy(key).count(), Spark's JVM aggregation
+  python_floor                     shardless's plan with a no-op Python function
+Only when named in --contenders:
+  shardless_uploads_here           the shardless contender with its snapshots uploaded on
+                                   threads of the group's process (--snapshot-uploads
+                                   worker) instead of the helper process
 """
 
 from __future__ import annotations
@@ -56,6 +61,9 @@ CONTENDERS = (
     "spark_sql_count",
     "python_floor",
 )
+# run only when named in --contenders: shardless with its snapshots uploaded on threads of
+# the group's process (`snapshot_uploads="worker"`), the A/B of the helper's uploads
+OPTIONAL = ("shardless_uploads_here",)
 PANDAS = ("apply_in_pandas_with_state", "transform_with_state_in_pandas")
 WORKLOADS = {  # name: (distribution, distinct keys)
     "uniform_1m": ("uniform", 1_000_000),
@@ -63,7 +71,7 @@ WORKLOADS = {  # name: (distribution, distinct keys)
     "small_1k": ("uniform", 1_000),
 }
 SLICES = 256  # shardless's default
-SHARDLESS = ("shardless", "shardless_worker_stores", "shardless_few_slices")
+SHARDLESS = ("shardless", "shardless_worker_stores", "shardless_few_slices", *OPTIONAL)
 FEW_SLICES = 32
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 SOURCE_SCHEMA = "partition_key string, sequence_number long, arrival timestamp, data binary"
@@ -233,6 +241,7 @@ def query_for(
         groups=groups,
         local_dir=local_dir,
         group_owner="worker" if contender == "shardless_worker_stores" else group_owner,
+        snapshot_uploads="worker" if contender == "shardless_uploads_here" else "helper",
     )
     resources.ensure(cfg.location, cfg.slices)
     records = as_records(src, slices, "bench")
@@ -628,7 +637,7 @@ def main(argv: list[str] | None = None) -> None:
         os.environ[PROFILE_ENV] = str(Path(args.profile).resolve())  # inherited by workers
     if args.quick:
         args.records, args.slow_batches = min(args.records, 3 * args.batch), 2
-    contenders = [c for c in CONTENDERS if c in args.contenders.split(",")]
+    contenders = [c for c in CONTENDERS + OPTIONAL if c in args.contenders.split(",")]
     workloads = [w for w in WORKLOADS if w in args.workloads.split(",")]
 
     from processor import local_aws
