@@ -20,8 +20,10 @@ back as the same error, with the same message.
 Snapshots (`snapshot`, `upload_checkpoint` there) go to the helper for the same reason:
 an upload's Python (botocore's signing and HTTP, the manifest) ran on threads of the
 process that runs the next slices' handlers, and took the GIL from them. Measured in
-`bench.vs_spark` (Zipf keys, 256 slices, 8 snapshots a batch), `process` took 0.21-0.42 s
-a batch with snapshots and 0.14-0.26 s without (docs/benchmarks.md).
+`bench.vs_spark` (Zipf keys, 256 slices, 8 snapshots a batch, contender
+`shardless_uploads_here` for the uploads in the group's process), a group's `process`
+phase took 0.117 s a batch on average with the uploads in the helper, and 0.155 s with
+them in the group's process (docs/benchmarks.md).
 
 The helper takes a few tenths of a second to start (Python, boto3): transfers asked for
 before it says it is ready run in this process, so its start overlaps the restore's first
