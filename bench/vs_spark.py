@@ -21,9 +21,9 @@ Contenders, each counting records per key:
   spark_sql_count                  groupBy(key).count(), Spark's JVM aggregation
   python_floor                     shardless's plan with a no-op Python function
 Only when named in --contenders:
-  shardless_uploads_here           the shardless contender with its snapshots uploaded on
-                                   threads of the group's process (--snapshot-uploads
-                                   worker) instead of the helper process
+  shardless_uploads_in_helper      the shardless contender with its snapshots uploaded by
+                                   the worker's helper process (--snapshot-uploads helper)
+                                   instead of threads of the group's process
 """
 
 from __future__ import annotations
@@ -61,9 +61,9 @@ CONTENDERS = (
     "spark_sql_count",
     "python_floor",
 )
-# run only when named in --contenders: shardless with its snapshots uploaded on threads of
-# the group's process (`snapshot_uploads="worker"`), the A/B of the helper's uploads
-OPTIONAL = ("shardless_uploads_here",)
+# run only when named in --contenders: shardless with its snapshots uploaded by the worker's
+# helper process (`snapshot_uploads="helper"`), the A/B of the helper's uploads
+OPTIONAL = ("shardless_uploads_in_helper",)
 PANDAS = ("apply_in_pandas_with_state", "transform_with_state_in_pandas")
 WORKLOADS = {  # name: (distribution, distinct keys)
     "uniform_1m": ("uniform", 1_000_000),
@@ -241,7 +241,7 @@ def query_for(
         groups=groups,
         local_dir=local_dir,
         group_owner="worker" if contender == "shardless_worker_stores" else group_owner,
-        snapshot_uploads="worker" if contender == "shardless_uploads_here" else "helper",
+        snapshot_uploads="helper" if contender == "shardless_uploads_in_helper" else "worker",
     )
     resources.ensure(cfg.location, cfg.slices)
     records = as_records(src, slices, "bench")

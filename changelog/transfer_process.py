@@ -17,13 +17,15 @@ with the bytes written, or fetches a small object (a manifest, a changelog secti
 answers with its bytes, which this process verifies as it would its own. A refusal comes
 back as the same error, with the same message.
 
-Snapshots (`snapshot`, `upload_checkpoint` there) go to the helper for the same reason:
-an upload's Python (botocore's signing and HTTP, the manifest) ran on threads of the
-process that runs the next slices' handlers, and took the GIL from them. Measured in
-`bench.vs_spark` (Zipf keys, 256 slices, 8 snapshots a batch, contender
-`shardless_uploads_here` for the uploads in the group's process), a group's `process`
-phase took 0.117 s a batch on average with the uploads in the helper, and 0.155 s with
-them in the group's process (docs/benchmarks.md).
+Snapshots (`snapshot`, `upload_checkpoint` there) can go to the helper too
+(`--snapshot-uploads helper`): an upload's Python (botocore's signing and HTTP, the
+manifest) then runs outside the process that runs the next slices' handlers and does not
+take the GIL from them. Measured in `bench.vs_spark` (256 slices, 8 snapshots a batch,
+contender `shardless_uploads_in_helper`): on Zipf keys a group's `process` phase took
+0.117 s a batch on average with the uploads in the helper and 0.155 s without; but on
+uniform keys the whole job was slower with the helper in 5 of 6 paired runs (mean ratio
+0.87, the loss in Spark's phases around the groups), so uploads stay on threads of the
+group's process by default (docs/benchmarks.md).
 
 The helper takes a few tenths of a second to start (Python, boto3): transfers asked for
 before it says it is ready run in this process, so its start overlaps the restore's first

@@ -213,10 +213,11 @@ def parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--snapshot-uploads",
-        choices=("helper", "worker"),
-        default="helper",
-        help="who uploads a slice's snapshots: the worker's helper process (default), out of "
-        "the way of the handlers, or threads of the process that runs the group",
+        choices=("worker", "helper"),
+        default="worker",
+        help="who uploads a slice's snapshots: threads of the process that runs the group "
+        "(default), or the worker's helper process, where the uploads' Python does not take "
+        "the GIL from the handlers (docs/durability.md)",
     )
     run.add_argument(
         "--group-owner",

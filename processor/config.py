@@ -65,7 +65,7 @@ class JobConfig:
     snapshot_log_mb: int = 64
     keep_snapshots: int = 3
     transfer_process_mb: float = 64.0
-    snapshot_uploads: str = "helper"
+    snapshot_uploads: str = "worker"
     group_owner: str = "worker"
     owner_idle_seconds: int = 600
     decoder: str = "raw"
@@ -112,9 +112,9 @@ class JobConfig:
             )
         if self.snapshot_uploads not in ("helper", "worker"):
             raise ConfigError(
-                f"--snapshot-uploads {self.snapshot_uploads!r}: use helper (the worker's helper "
-                "process uploads snapshots, the default) or worker (threads of the process "
-                "that runs the group do)"
+                f"--snapshot-uploads {self.snapshot_uploads!r}: use worker (threads of the "
+                "process that runs the group upload snapshots, the default) or helper (the "
+                "worker's helper process does)"
             )
         if self.group_owner not in ("worker", "process"):
             raise ConfigError(

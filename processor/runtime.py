@@ -80,9 +80,9 @@ class RuntimeConfig:
     snapshot_log_bytes: int = 64 * 1024 * 1024
     keep_snapshots: int = 3
     transfer_process_bytes: int | None = TRANSFER_PROCESS_BYTES
-    # "helper": snapshots upload in the worker's helper process (`changelog.transfer_process`);
-    # "worker": on threads of the process that runs the group
-    snapshot_uploads: str = "helper"
+    # "worker": snapshots upload on threads of the process that runs the group; "helper": in
+    # the worker's helper process (`changelog.transfer_process`)
+    snapshot_uploads: str = "worker"
     value_format: int = encoding.MSGPACK
     allow_pickle: bool = False
     timer_poll_ms: int = 1000
@@ -107,8 +107,8 @@ class RuntimeConfig:
 def _start_snapshot(
     cfg: RuntimeConfig, slice_id: int, version: int, checkpoint: Path, head: Head | None
 ) -> Future[tuple[SnapRef, int]]:
-    """Start uploading a checkpoint taken at `version` (in the helper process, or here with
-    `snapshot_uploads="worker"`); the checkpoint is removed once the upload is over."""
+    """Start uploading a checkpoint taken at `version` (here, or in the helper process with
+    `snapshot_uploads="helper"`); the checkpoint is removed once the upload is over."""
     previous = head.snaps[-1] if head is not None and head.snaps else None
     if cfg.snapshot_uploads == "helper":
         future = transfer_process().snapshot(cfg.location, slice_id, version, checkpoint, previous)

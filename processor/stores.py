@@ -184,6 +184,16 @@ class StoreCache:
         with contextlib.suppress(OSError):
             (self._hints / f"g{group}.msgpack").unlink()
 
+    def close(self) -> None:
+        """Close every open store (their files stay: the next cache for the application
+        reopens them) and forget what this cache knew of heads and claims."""
+        for store in self._open.values():
+            store.close()
+        self._open.clear()
+        self._epochs.clear()
+        self._heads.clear()
+        self._groups.clear()
+
     def _write_hint(
         self, group: int, query: str, batch: int, heads: dict[int, Head | None]
     ) -> None:
@@ -339,3 +349,16 @@ def cache_for(base: str, app: str, slices: int) -> StoreCache:
     if found is None or found.pid != os.getpid():
         found = _caches[key] = StoreCache(Path(base), app, slices)
     return found
+
+
+def close_caches(base: str | None = None) -> int:
+    """Close this process's caches (those under `base`, or all) and their stores; return how
+    many stores were open. A worker's caches otherwise live as long as it does; this is for
+    a process that runs groups of many short-lived applications (tests, tools)."""
+    closed = 0
+    for key in [k for k in _caches if base is None or k[0] == base]:
+        cache = _caches.pop(key)
+        if cache.pid == os.getpid():  # a forked copy's stores are its parent's to close
+            closed += len(cache._open)
+            cache.close()
+    return closed

@@ -43,6 +43,17 @@ def spark(aws: local_aws.LocalAws):  # noqa: ANN201
     s.stop()
 
 
+@pytest.fixture(autouse=True)
+def _close_slice_stores() -> Iterator[None]:
+    """Close the stores that groups run in this process opened (`GroupRunner` in tests):
+    each test's application gets its own cache, and open RocksDB files would otherwise
+    pile up past the 1024 descriptors that py4j's select() can watch."""
+    yield
+    from processor.stores import close_caches
+
+    close_caches()
+
+
 @pytest.fixture
 def location(aws: local_aws.LocalAws) -> AppLocation:
     """A fresh application (bucket, table, 16 slices) for one test."""

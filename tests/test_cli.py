@@ -133,7 +133,7 @@ def test_refused_local_up_writes_nothing_to_stdout(
         ("snapshot_log_mb", 0, "--snapshot-log-mb 0"),
         ("keep_snapshots", 0, "--keep-snapshots 0"),
         ("transfer_process_mb", -1, r"--transfer-process-mb -1: must be between 0 \(every"),
-        ("snapshot_uploads", "s3", r"--snapshot-uploads 's3': use helper \(the worker's"),
+        ("snapshot_uploads", "s3", r"--snapshot-uploads 's3': use worker \(threads of"),
     ],
 )
 def test_snapshot_options_are_checked(option, value, message):

@@ -4,6 +4,7 @@ compared with a plain-Python fold of the same records."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections import Counter
 from datetime import UTC, datetime
@@ -12,7 +13,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from changelog import resources
 from changelog.durable import DurableState
+from changelog.layout import AppLocation
 from processor.errors import ProcessorError
 from processor.handlers import HandlerFactory
 from processor.routing import route
@@ -124,6 +127,34 @@ def test_slice_moving_between_workers_keeps_every_write(location, tmp_path):
         worker.run(0, "q", batch, frame(KEYS[batch * 100 : (batch + 1) * 100], batch * 100))
     out = outputs(b.run(0, "q", 4, frame(["user-5"], 400)))
     assert out == [{"key": "user-5", "n": Counter(KEYS)["user-5"] + 1}]
+
+
+def open_files_under(path: Path) -> int:
+    """Descriptors of this process open on files under `path`."""
+    fds = Path("/proc/self/fd")
+    return sum(1 for fd in fds.iterdir() if os.path.realpath(fd).startswith(str(path)))
+
+
+def test_closing_a_cache_releases_its_stores_and_the_next_batch_reopens_them(location, tmp_path):
+    from processor.stores import cache_for, close_caches
+
+    other = AppLocation.default(f"{location.app}-b")
+    resources.ensure(other, SLICES)
+    a, b = runner(location, tmp_path / "a"), runner(other, tmp_path / "b")
+    a.run(0, "q", 0, frame(KEYS[:200]))
+    b.run(0, "q", 0, frame(KEYS[:10]))
+    held = cache_for(str(tmp_path / "a"), location.app, SLICES)  # closed even while held
+    assert open_files_under(tmp_path / "a") > 0
+    stores = len(held._open)
+    assert stores > 0 and close_caches(str(tmp_path / "a")) == stores
+    assert open_files_under(tmp_path / "a") == 0
+    assert open_files_under(tmp_path / "b") > 0  # another base's cache stays open
+    out = a.run(0, "q", 1, frame(KEYS[200:], 200))
+    assert metrics_of(out)["restores"] == []  # reopened from the local files, not rebuilt
+    assert durable_counts(location) == dict(Counter(KEYS))
+    assert outputs(a.run(0, "q", 2, frame(["user-1"], 400))) == [
+        {"key": "user-1", "n": Counter(KEYS)["user-1"] + 1}
+    ]
 
 
 def test_wiped_local_stores_are_rebuilt_from_s3(location, tmp_path):
@@ -392,7 +423,7 @@ def test_a_snapshot_the_helper_cannot_take_is_left_out_and_the_batch_commits(
 
     start = runtime._start_snapshot
     monkeypatch.setattr(runtime, "_start_snapshot", no_checkpoint)
-    r = runner(location, tmp_path, snapshot_every=1)
+    r = runner(location, tmp_path, snapshot_every=1, snapshot_uploads="helper")
     r.run(0, "q", 0, frame(["user-1"]))
     out = r.run(0, "q", 1, frame(["user-1"], 100))
     metrics = json.loads(out[out.kind == "metrics"].value.iloc[0])
