@@ -55,6 +55,18 @@ def _close_slice_stores() -> Iterator[None]:
 
 
 @pytest.fixture
+def transfer_helper():  # noqa: ANN201
+    """A new helper process (`changelog.transfer_process`), ready, stopped afterwards; the
+    test points the module under test at it."""
+    from changelog.transfer_process import TransferProcess
+
+    tp = TransferProcess()
+    assert tp.wait_ready(60)
+    yield tp
+    tp.stop()
+
+
+@pytest.fixture
 def location(aws: local_aws.LocalAws) -> AppLocation:
     """A fresh application (bucket, table, 16 slices) for one test."""
     loc = AppLocation.default(f"t-{uuid.uuid4().hex[:10]}")

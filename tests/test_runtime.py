@@ -370,16 +370,12 @@ def test_the_cycle_collector_pauses_for_a_batch_and_freezes_the_worker_once(monk
 
 
 @pytest.fixture
-def helper(monkeypatch):
-    """The runtime's helper process: a new one, ready, stopped afterwards."""
-    from changelog.transfer_process import TransferProcess
+def helper(monkeypatch, transfer_helper):
+    """The runtime's snapshot uploads go to a new helper process."""
     from processor import runtime
 
-    tp = TransferProcess()
-    assert tp.wait_ready(60)
-    monkeypatch.setattr(runtime, "transfer_process", lambda: tp)
-    yield tp
-    tp.stop()
+    monkeypatch.setattr(runtime, "transfer_process", lambda: transfer_helper)
+    return transfer_helper
 
 
 @pytest.mark.parametrize("uploads", ["helper", "worker"])

@@ -30,13 +30,10 @@ from tests.test_restore_many import build, corrupt
 
 
 @pytest.fixture
-def helper(monkeypatch):
-    """Every restore's transfers go to a new helper process, stopped afterwards."""
-    tp = TransferProcess()
-    assert tp.wait_ready(60)
-    monkeypatch.setattr(restore_module, "transfer_process", lambda: tp)
-    yield tp
-    tp.stop()
+def helper(monkeypatch, transfer_helper):
+    """Every restore's transfers go to a new helper process."""
+    monkeypatch.setattr(restore_module, "transfer_process", lambda: transfer_helper)
+    return transfer_helper
 
 
 def jobs_for(location, tmp_path, heads, target: int) -> list[RestoreJob]:
