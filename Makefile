@@ -56,6 +56,7 @@ bench: setup $(STAMP_BENCH)
 	$(PY) -m bench.source --json > bench/results/source.json
 	$(PY) -m bench.faults --schedules 30 --seed 7 --json > bench/results/faults.json
 	$(PY) -m bench.head_items --json > bench/results/head_items.json
+	$(PY) -m bench.commit_latency --json > bench/results/commit_latency.json
 	$(PY) -m bench.store_reads --json > bench/results/store_reads.json
 	$(PY) -m bench.vs_spark --json > bench/results/vs_spark.json
 	$(PY) -m bench.chart bench/results/vs_spark.json bench/results/vs_spark.png

@@ -18,6 +18,7 @@ import os
 import random
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,9 @@ from state.store import Change
 _SLICES_PER_TRANSACTION = 100  # DynamoDB's limit of items per transaction
 _TRANSACTION_BYTES = 3_500_000  # and its limit of 4 MB per transaction, with room to spare
 _CONFLICT_ATTEMPTS = 4  # a transaction cancelled only by another one in flight is retried
+# A group of more than 100 changed slices commits in several transactions, sent at once
+# (at most this many together): its commit waits about one round trip instead of one each.
+TRANSACTION_THREADS = 8
 SEGMENT_CACHE_FILES = 64  # newest segments kept on local disk for other workers of the host
 
 
@@ -114,6 +118,43 @@ def _cancellation_reasons(exc: ClientError, n: int) -> list[str]:
     """Why each item of a cancelled transaction failed ("None": it did not)."""
     found = [r.get("Code") or "None" for r in exc.response.get("CancellationReasons") or []]
     return found if len(found) == n else ["Unknown"] * n
+
+
+def transaction_chunks(sizes: list[int]) -> list[tuple[int, int]]:
+    """Split items of `sizes` bytes, in order, into the [lo, hi) ranges of as few DynamoDB
+    transactions as its limits allow (100 items, 4 MB with room to spare)."""
+    chunks: list[tuple[int, int]] = []
+    lo, size = 0, 0
+    for i, n in enumerate(sizes):
+        if i > lo and (i - lo == _SLICES_PER_TRANSACTION or size + n > _TRANSACTION_BYTES):
+            chunks.append((lo, i))
+            lo, size = i, 0
+        size += n
+    chunks.append((lo, len(sizes)))
+    return chunks
+
+
+def _lost_message(what: str, lost: list[int]) -> str:
+    return (
+        f"{what} {lost} lost to another writer (a retried, speculative, zombie or newer "
+        "attempt, or a new owner); this attempt's output is discarded"
+    )
+
+
+def _first_failure(failures: list[BaseException], sent: int, what: str) -> BaseException:
+    """What a commit whose transactions went out together raises when some failed: an
+    error other than a lost head first (it says more), else one HeadConflictError naming
+    every slice that lost. The transactions that did not fail have landed."""
+    lost = sorted(s for e in failures if isinstance(e, HeadConflictError) for s in e.slices)
+    landed = f"{sent - len(failures)} of its {sent} transactions landed"
+    other = next((e for e in failures if not isinstance(e, HeadConflictError)), None)
+    if other is not None:
+        also = f"; slices {lost} lost to another writer" if lost else ""
+        other.add_note(f"{what}: {landed}{also}")
+        return other
+    merged = HeadConflictError(f"{_lost_message(what, lost)} ({landed})", lost)
+    merged.__cause__ = failures[0].__cause__
+    return merged
 
 
 class DurableState:
@@ -288,41 +329,43 @@ class DurableState:
 
     def _transact(self, items: list[dict], slices: list[int], what: str) -> int:
         """Write `items` (one per slice of `slices`) in as few transactions as DynamoDB
-        allows; returns how many. A transaction cancelled because a head changed raises
-        HeadConflictError naming the slices that lost; one cancelled only because another
-        transaction held an item is retried."""
-        chunks: list[tuple[int, int]] = []
-        lo, size = 0, 0
-        for i, item in enumerate(items):
-            n = _item_bytes(next(iter(item.values())))
-            if i > lo and (i - lo == _SLICES_PER_TRANSACTION or size + n > _TRANSACTION_BYTES):
-                chunks.append((lo, i))
-                lo, size = i, 0
-            size += n
-        chunks.append((lo, len(items)))
-        for lo, hi in chunks:
-            for attempt in range(_CONFLICT_ATTEMPTS):
-                try:
-                    self._commit_ddb.transact_write_items(TransactItems=items[lo:hi])
-                    break
-                except ClientError as exc:
-                    if exc.response["Error"]["Code"] != "TransactionCanceledException":
-                        raise
-                    reasons = _cancellation_reasons(exc, hi - lo)
-                    busy = {"None", "TransactionConflict"}
-                    only_busy = "TransactionConflict" in reasons and set(reasons) <= busy
-                    if only_busy and attempt < _CONFLICT_ATTEMPTS - 1:
-                        time.sleep(random.uniform(0.01, 0.05) * 2**attempt)
-                        continue
-                    lost = [s for s, r in zip(slices[lo:hi], reasons, strict=True) if r != "None"]
-                    failed = lost or slices[lo:hi]
-                    raise HeadConflictError(
-                        f"{what} {failed} lost to another writer (a retried, speculative, "
-                        "zombie or newer attempt, or a new owner); this attempt's output is "
-                        "discarded",
-                        failed,
-                    ) from exc
+        allows, sent at once (up to `TRANSACTION_THREADS`); returns how many. A
+        transaction cancelled because a head changed raises HeadConflictError naming the
+        slices that lost; one cancelled only because another transaction held an item is
+        retried. The others land or lose on their own: each head's condition is its own."""
+        chunks = transaction_chunks([_item_bytes(next(iter(i.values()))) for i in items])
+        if len(chunks) == 1 or TRANSACTION_THREADS <= 1:
+            for lo, hi in chunks:  # one at a time: the first failure stops the rest
+                self._send(items[lo:hi], slices[lo:hi], what)
+            return len(chunks)
+        workers = min(len(chunks), TRANSACTION_THREADS)
+        with ThreadPoolExecutor(workers, thread_name_prefix="shardless-commit") as pool:
+            futures = [
+                pool.submit(self._send, items[lo:hi], slices[lo:hi], what) for lo, hi in chunks
+            ]
+        failures = [e for e in (f.exception() for f in futures) if e is not None]
+        if failures:
+            raise _first_failure(failures, len(chunks), what)
         return len(chunks)
+
+    def _send(self, items: list[dict], slices: list[int], what: str) -> None:
+        """One transaction; retried while it is cancelled only by another in flight."""
+        for attempt in range(_CONFLICT_ATTEMPTS):
+            try:
+                self._commit_ddb.transact_write_items(TransactItems=items)
+                return
+            except ClientError as exc:
+                if exc.response["Error"]["Code"] != "TransactionCanceledException":
+                    raise
+                reasons = _cancellation_reasons(exc, len(items))
+                busy = {"None", "TransactionConflict"}
+                only_busy = "TransactionConflict" in reasons and set(reasons) <= busy
+                if only_busy and attempt < _CONFLICT_ATTEMPTS - 1:
+                    time.sleep(random.uniform(0.01, 0.05) * 2**attempt)
+                    continue
+                lost = [s for s, r in zip(slices, reasons, strict=True) if r != "None"]
+                lost = lost or slices
+                raise HeadConflictError(_lost_message(what, lost), lost) from exc
 
     def install(self, slice_id: int, version: int, snapshot: SnapRef, query: str) -> None:
         """Start a slice's history from a snapshot (a new state generation, written by a

@@ -164,7 +164,8 @@ def outputs(
     if cfg.slices > 100 * partitions:
         log.warning(
             "%s slices in %s partitions: a partition whose slices all changed commits them in "
-            "%s DynamoDB transactions (100 items each); %s or more partitions make it one",
+            "%s DynamoDB transactions (100 items each, sent together); %s or more partitions "
+            "make it one",
             cfg.slices,
             partitions,
             -(-cfg.slices // partitions // 100),

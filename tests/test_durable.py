@@ -8,9 +8,12 @@ from pathlib import Path
 import boto3
 import pytest
 from botocore.exceptions import ClientError, ParamValidationError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from changelog import aws, resources
-from changelog.durable import DurableState, SliceCommit
+from changelog import durable as durable_module
+from changelog.durable import DurableState, HeadConflictError, SliceCommit, transaction_chunks
 from changelog.errors import (
     CommitConflictError,
     ConfigurationError,
@@ -18,6 +21,7 @@ from changelog.errors import (
     CorruptObjectError,
     MissingObjectError,
 )
+from changelog.layout import AppLocation
 from changelog.restore import identity, materialize, restore
 from changelog.snapshot import manifests, read_manifest, write_snapshot
 from state.store import SliceStore
@@ -343,3 +347,112 @@ def test_the_commit_client_leaves_validation_to_the_service_and_the_others_keep_
             aws.client("dynamodb", validated=validated).meta.events.unregister(event, hook)
     assert sent == [False]  # the commit's one transaction, through the unvalidated client
     assert durable.heads([3])[3].log[-1].uid == done.uid
+
+
+# -- a commit of more than 100 slices: several transactions, sent together ----------------
+
+WIDE = 250  # slices in one commit: three transactions (100, 100, 50)
+
+
+@pytest.fixture
+def wide(location) -> DurableState:
+    """An application of 256 slices, each of the first WIDE committed once (version 1)."""
+    loc = AppLocation.default(f"{location.app}-w")
+    resources.ensure(loc, 256)
+    durable = DurableState(loc)
+    done = durable.commit("q", 0, 0, [SliceCommit(s, 1, None, [kv(s)]) for s in range(WIDE)])
+    assert done.transactions == 3
+    return durable
+
+
+def commit_all(durable: DurableState, heads: dict, batch: int):
+    commits = [SliceCommit(s, heads[s].version + 1, heads[s], [kv(s, "b")]) for s in range(WIDE)]
+    return durable.commit("q", batch, 0, commits)
+
+
+def versions(durable: DurableState) -> dict[int, int]:
+    return {s: h.version for s, h in durable.heads(list(range(WIDE))).items()}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 400_000), max_size=450))
+def test_transaction_chunks_cover_the_items_in_order_within_dynamodb_limits(sizes):
+    chunks = transaction_chunks(sizes)
+    assert [lo for lo, _ in chunks] == [0, *(hi for _, hi in chunks[:-1])]
+    assert chunks[-1][1] == len(sizes)
+    for lo, hi in chunks:
+        assert 1 <= hi - lo <= 100 or not sizes
+        assert sum(sizes[lo:hi]) <= 3_500_000 or hi - lo == 1
+    for lo, hi in chunks[:-1]:  # as few as allowed: none could have taken one more
+        assert hi - lo == 100 or sum(sizes[lo : hi + 1]) > 3_500_000
+
+
+def test_a_wide_commit_sends_its_transactions_at_once(wide):
+    """All three transactions are in flight together: each waits at a barrier for the
+    other two before it is sent, which one at a time would never pass."""
+    barrier = threading.Barrier(3, timeout=20)
+    client = aws.client("dynamodb", validated=False)
+    event = "before-call.dynamodb.TransactWriteItems"
+
+    def hook(**_):
+        barrier.wait()
+
+    client.meta.events.register(event, hook)
+    try:
+        done = commit_all(wide, wide.heads(list(range(WIDE))), batch=1)
+    finally:
+        client.meta.events.unregister(event, hook)
+    assert done.transactions == 3
+    assert versions(wide) == {s: 2 for s in range(WIDE)}
+    assert all(h.log[-1].uid == done.uid for h in wide.heads(list(range(WIDE))).values())
+
+
+def test_one_transaction_losing_does_not_stop_the_others(wide):
+    """Slice 5 moved on (another writer), so the first transaction, slices 0-99, is
+    cancelled whole; the other two land, each head on its own condition, and the error
+    names only the slice that lost."""
+    heads = wide.heads(list(range(WIDE)))
+    wide.commit("other", 1, 1, [SliceCommit(5, 2, heads[5], [kv(5, "other")])])
+    with pytest.raises(HeadConflictError, match=r"slices \[5\] lost .*2 of its 3") as lost:
+        commit_all(wide, heads, batch=1)
+    assert lost.value.slices == [5]
+    after = versions(wide)
+    assert {s for s, v in after.items() if v == 1} == set(range(100)) - {5}
+    assert all(after[s] == 2 for s in range(100, WIDE)) and after[5] == 2
+    assert wide.heads([5])[5].query == "other"
+
+
+def test_losers_in_several_transactions_are_named_together(wide):
+    heads = wide.heads(list(range(WIDE)))
+    for s in (7, 180):
+        wide.commit("other", 1, 1, [SliceCommit(s, 2, heads[s], [kv(s, "other")])])
+    with pytest.raises(HeadConflictError, match=r"slices \[7, 180\] lost .*1 of its 3") as lost:
+        commit_all(wide, heads, batch=1)
+    assert lost.value.slices == [7, 180]
+    assert all(v == 2 for s, v in versions(wide).items() if 200 <= s < WIDE)
+
+
+def test_with_one_transaction_at_a_time_the_first_loss_stops_the_rest(wide, monkeypatch):
+    monkeypatch.setattr(durable_module, "TRANSACTION_THREADS", 1)
+    heads = wide.heads(list(range(WIDE)))
+    wide.commit("other", 1, 1, [SliceCommit(5, 2, heads[5], [kv(5, "other")])])
+    with pytest.raises(HeadConflictError, match=r"slices \[5\] lost"):
+        commit_all(wide, heads, batch=1)
+    assert {s for s, v in versions(wide).items() if v == 2} == {5}
+
+
+def test_a_commit_failing_two_ways_raises_the_unexpected_error_and_notes_the_losers():
+    from changelog.durable import _first_failure
+
+    throttled = ClientError({"Error": {"Code": "ThrottlingException"}}, "TransactWriteItems")
+    lost = HeadConflictError("slices [3] lost", [3])
+    raised = _first_failure([lost, throttled], 3, "batch 9: commit of slices")
+    assert raised is throttled
+    assert raised.__notes__ == [
+        "batch 9: commit of slices: 1 of its 3 transactions landed; slices [3] lost to "
+        "another writer"
+    ]
+    both = _first_failure([HeadConflictError("x", [120, 4]), lost], 3, "claim of slices")
+    assert isinstance(both, HeadConflictError) and both.slices == [3, 4, 120]
+    assert str(both).startswith("claim of slices [3, 4, 120] lost to another writer")
+    assert str(both).endswith("(1 of its 3 transactions landed)")

@@ -73,7 +73,7 @@ def outputs(out: pd.DataFrame) -> list[dict]:
     return [json.loads(v) for v in out[out.kind == "out"].sort_values(["slice", "seq"]).value]
 
 
-def durable_counts(location) -> dict[str, int]:
+def durable_counts(location, slices: int = SLICES) -> dict[str, int]:
     """State rebuilt from S3 and DynamoDB alone."""
     import tempfile
 
@@ -84,8 +84,8 @@ def durable_counts(location) -> dict[str, int]:
     durable = DurableState(location)
     found = {}
     with tempfile.TemporaryDirectory() as scratch:
-        for s, head in durable.heads(list(range(SLICES))).items():
-            store, _ = materialize(durable, head, Path(scratch) / str(s), SLICES)
+        for s, head in durable.heads(list(range(slices))).items():
+            store, _ = materialize(durable, head, Path(scratch) / str(s), slices)
             found.update({record_key(k): encoding.decode(v) for k, v in store.items()})
             store.close()
     return found

@@ -90,3 +90,46 @@ def test_a_commit_applied_but_reported_failed_is_recognised_on_rerun(location, t
         outputs(r.run(0, "q", 2, frame(["user-3"], 300)))[0]["n"]
         == Counter(KEYS[:200])["user-3"] + 1
     )
+
+
+def test_a_wide_group_whose_first_transaction_fails_counts_each_record_once(
+    location, tmp_path, proxy
+):
+    """A group of 256 slices commits in three transactions, sent together. The first one
+    fails for good while the other two land; the batch fails, and when it runs again the
+    slices that landed find their own commit and re-commit in place: every record counts
+    once, against a plain fold of the input."""
+    from changelog import resources
+    from changelog.layout import AppLocation, slice_pk
+    from processor.handlers import HandlerFactory
+    from processor.routing import route
+    from processor.runtime import GroupRunner, RuntimeConfig
+    from tests.test_runtime import count_handler
+
+    loc = AppLocation.default(f"{location.app}-w")
+    resources.ensure(loc, 256)
+    group = GroupRunner(HandlerFactory(count_handler), RuntimeConfig(loc, 256, str(tmp_path)))
+    keys = [f"user-{i % 3000}" for i in range(6000)]
+
+    def batch(b: int) -> list[dict]:
+        pdf = frame(keys[b * 3000 : (b + 1) * 3000], b * 3000)
+        pdf["slice"] = [route(k, None, 256) for k in pdf.partition_key]
+        out, _ = group.run(0, "q", b, pdf, {}, 1_000)
+        return outputs(out)
+
+    batch(0)
+    first = min(route(k, None, 256) for k in keys)  # in the first of the three
+    rule = Rule("dynamodb", "TransactWriteItems", key_contains=f'"{slice_pk(first)}"', status=500)
+    proxy.add(rule)
+    with pytest.raises(Exception, match="InternalServerError") as failed:
+        batch(1)
+    assert "2 of its 3 transactions landed" in str(failed.value.__notes__)
+    heads = DurableState(loc).heads(list(range(256)))
+    assert sorted({h.version for h in heads.values()}) == [1, 2]  # some landed, some did not
+    assert heads[first].version == 1
+    proxy.clear()
+    rerun = batch(1)
+    assert {o["key"]: o["n"] for o in rerun} == {k: 2 for k in keys[3000:]}
+    found = DurableState(loc).heads(list(range(256)))
+    assert all(h.version == 2 and h.batch == 1 for h in found.values())
+    assert durable_counts(loc, 256) == Counter(keys)
