@@ -56,8 +56,8 @@ def measure(size: int, rounds: int, warmup: int, threads: int) -> dict[str, Any]
     loc = AppLocation.default(f"bench-commit-{size}-{os.getpid()}-{time.monotonic_ns()}")
     resources.ensure(loc, SLICES)
     durable = DurableState(loc)
-    first = durable.commit("bench", 0, 0, [SliceCommit(s, 1, None, []) for s in range(size)])
-    heads = dict(first.heads)
+    created = durable.commit("bench", 0, 0, [SliceCommit(s, 1, None, []) for s in range(size)])
+    heads = dict(created.heads)
     batch = 1
     for _ in range(warmup):
         _commit(durable, heads, batch)
@@ -67,8 +67,7 @@ def measure(size: int, rounds: int, warmup: int, threads: int) -> dict[str, Any]
     saved = durable_module.TRANSACTION_THREADS
     try:
         for r in range(rounds):
-            first, second = ("one_at_a_time", "together")[:: 1 if r % 2 == 0 else -1]
-            for mode in (first, second):
+            for mode in ("one_at_a_time", "together")[:: 1 if r % 2 == 0 else -1]:
                 durable_module.TRANSACTION_THREADS = 1 if mode == "one_at_a_time" else threads
                 took, transactions = _commit(durable, heads, batch)
                 seconds[mode].append(took)
