@@ -141,7 +141,7 @@ def _lost_message(what: str, lost: list[int]) -> str:
     )
 
 
-def _first_failure(failures: list[BaseException], sent: int, what: str) -> BaseException:
+def _combined_failure(failures: list[BaseException], sent: int, what: str) -> BaseException:
     """What a commit whose transactions went out together raises when some failed: an
     error other than a lost head first (it says more), else one HeadConflictError naming
     every slice that lost. The transactions that did not fail have landed."""
@@ -333,7 +333,7 @@ class DurableState:
         transaction cancelled because a head changed raises HeadConflictError naming the
         slices that lost; one cancelled only because another transaction held an item is
         retried. The others land or lose on their own: each head's condition is its own."""
-        chunks = transaction_chunks([_item_bytes(next(iter(i.values()))) for i in items])
+        chunks = transaction_chunks([_item_bytes(next(iter(item.values()))) for item in items])
         if len(chunks) == 1 or TRANSACTION_THREADS <= 1:
             for lo, hi in chunks:  # one at a time: the first failure stops the rest
                 self._send(items[lo:hi], slices[lo:hi], what)
@@ -345,7 +345,7 @@ class DurableState:
             ]
         failures = [e for e in (f.exception() for f in futures) if e is not None]
         if failures:
-            raise _first_failure(failures, len(chunks), what)
+            raise _combined_failure(failures, len(chunks), what)
         return len(chunks)
 
     def _send(self, items: list[dict], slices: list[int], what: str) -> None:
