@@ -26,7 +26,12 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from changelog import aws
-from changelog.errors import CommitConflictError, CorruptObjectError, MissingObjectError
+from changelog.errors import (
+    CommitConflictError,
+    CorruptObjectError,
+    MissingObjectError,
+    ThrottledError,
+)
 from changelog.layout import (
     HEAD_SK,
     AppLocation,
@@ -55,6 +60,14 @@ _CONFLICT_ATTEMPTS = 4  # a transaction cancelled only by another one in flight 
 # A group of more than 100 changed slices commits in several transactions, sent at once
 # (at most this many together): its commit waits about one round trip instead of one each.
 TRANSACTION_THREADS = 8
+_HEADS_PER_READ = 100  # DynamoDB's limit of keys per BatchGetItem
+# A read of more than 100 heads (a group's first batch on a host, a tool over every slice)
+# sends its BatchGetItem calls at once, at most this many together.
+READ_THREADS = 8
+# A BatchGetItem answer may leave keys unprocessed (a throttled table answers part of a
+# request); they are asked for again after a jittered, growing pause, this many rounds.
+UNPROCESSED_ROUNDS = 10
+UNPROCESSED_PAUSE_S = 0.05  # the first pause is up to this long, then doubling, at most 2 s
 SEGMENT_CACHE_FILES = 64  # newest segments kept on local disk for other workers of the host
 
 
@@ -134,6 +147,12 @@ def transaction_chunks(sizes: list[int]) -> list[tuple[int, int]]:
     return chunks
 
 
+def _unprocessed_pause_s(attempt: int) -> float:
+    """The pause before asking again for keys a BatchGetItem left unprocessed: full jitter
+    up to UNPROCESSED_PAUSE_S, doubling with each `attempt` (1, 2, ...), at most 2 s."""
+    return random.uniform(0, min(2.0, UNPROCESSED_PAUSE_S * 2 ** (attempt - 1)))
+
+
 def _lost_message(what: str, lost: list[int]) -> str:
     return (
         f"{what} {lost} lost to another writer (a retried, speculative, zombie or newer "
@@ -191,18 +210,43 @@ class DurableState:
         return aws.client("dynamodb", validated=False)
 
     def heads(self, slices: list[int]) -> dict[int, Head]:
-        """Committed heads of `slices` (absent when a slice was never committed)."""
+        """Committed heads of `slices` (absent when a slice was never committed): one
+        BatchGetItem per 100 slices, sent together (up to `READ_THREADS`)."""
+        chunks = [slices[i : i + _HEADS_PER_READ] for i in range(0, len(slices), _HEADS_PER_READ)]
         found: dict[int, Head] = {}
-        for i in range(0, len(slices), 100):
-            keys = [{"pk": {"S": slice_pk(s)}, "sk": {"S": HEAD_SK}} for s in slices[i : i + 100]]
-            request = {self.loc.table: {"Keys": keys, "ConsistentRead": True}}
-            while request:
-                out = self._ddb.batch_get_item(RequestItems=request)
-                for item in out["Responses"].get(self.loc.table, []):
-                    head = head_from_item(item)
-                    found[head.slice] = head
-                request = out.get("UnprocessedKeys") or {}
+        if len(chunks) <= 1 or READ_THREADS <= 1:
+            for chunk in chunks:
+                found.update(self._read_heads(chunk))
+            return found
+        with ThreadPoolExecutor(
+            min(len(chunks), READ_THREADS), thread_name_prefix="shardless-heads"
+        ) as pool:
+            futures = [pool.submit(self._read_heads, chunk) for chunk in chunks]
+        for future in futures:  # every read has ended; the first failure is raised
+            found.update(future.result())
         return found
+
+    def _read_heads(self, slices: list[int]) -> dict[int, Head]:
+        """One BatchGetItem of up to 100 heads, asking again for what it leaves unprocessed."""
+        keys = [{"pk": {"S": slice_pk(s)}, "sk": {"S": HEAD_SK}} for s in slices]
+        request = {self.loc.table: {"Keys": keys, "ConsistentRead": True}}
+        found: dict[int, Head] = {}
+        for attempt in range(UNPROCESSED_ROUNDS):
+            if attempt:
+                time.sleep(_unprocessed_pause_s(attempt))
+            out = self._ddb.batch_get_item(RequestItems=request)
+            for item in out["Responses"].get(self.loc.table, []):
+                head = head_from_item(item)
+                found[head.slice] = head
+            request = out.get("UnprocessedKeys") or {}
+            if not request:
+                return found
+        left = sorted(int(k["pk"]["S"].split("#")[1]) for k in request[self.loc.table]["Keys"])
+        raise ThrottledError(
+            f"DynamoDB table {self.loc.table} ({aws.where('dynamodb')}) still left the heads of "
+            f"slices {left} unprocessed after {UNPROCESSED_ROUNDS} BatchGetItem rounds: its "
+            "read capacity is exhausted; raise it (or its on-demand maximum), then run again"
+        )
 
     def cached(self, entry: LogEntry) -> bool:
         """Whether `entry`'s segment is in the host's segment cache (it may still turn out

@@ -23,3 +23,7 @@ class ContinuityError(ChangelogError):
 
 class MissingObjectError(ChangelogError):
     """An object that committed state references is gone from the bucket."""
+
+
+class ThrottledError(ChangelogError):
+    """DynamoDB kept refusing part of a request for lack of capacity, past every retry."""

@@ -48,6 +48,8 @@ _COPY_BYTES = 64 * 1024
 _HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-connection", "te", "upgrade", "expect", "host"}
 )
+# Headers that describe an answer's body, set anew when the proxy rewrites one.
+_REWRITTEN = frozenset({"transfer-encoding", "content-length", "x-amz-crc32"})
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,10 @@ class Rule:
     anything when None. Action, exactly one of: an error answer (``status`` and/or ``error``,
     the other filled in from the service's catalogue, e.g. S3 503 is SlowDown, DynamoDB 400 is
     ProvisionedThroughputExceededException), ``drop`` (close the connection without an answer),
-    or ``delay_s`` (wait, then forward normally). ``after=True`` forwards the request first and
+    ``delay_s`` (wait, then forward normally), or ``unprocessed`` (DynamoDB BatchGetItem only:
+    forward, then answer with the request's last N keys moved from ``Responses`` to
+    ``UnprocessedKeys``, as a table out of read capacity answers part of a request; N larger
+    than the request's keys: all of them). ``after=True`` forwards the request first and
     only then breaks the answer. Frequency: ``times`` (the next N matches), ``probability``
     (each match, from an RNG seeded by the proxy seed and the rule's position), both (at most
     N, each with probability p), or neither (always).
@@ -80,15 +85,29 @@ class Rule:
     error: str | None = None
     drop: bool = False
     delay_s: float = 0.0
+    unprocessed: int = 0
     after: bool = False
     times: int | None = None
     probability: float | None = None
 
     def __post_init__(self) -> None:
-        actions = [self.status is not None or self.error is not None, self.drop, self.delay_s > 0]
+        actions = [
+            self.status is not None or self.error is not None,
+            self.drop,
+            self.delay_s > 0,
+            self.unprocessed > 0,
+        ]
         if sum(actions) != 1:
             raise ValueError(
-                f"{self}: give exactly one action (status/error, drop=True or delay_s > 0)"
+                f"{self}: give exactly one action (status/error, drop=True, delay_s > 0 or "
+                "unprocessed > 0)"
+            )
+        if self.unprocessed and (self.service, self.op, self.after) != (
+            "dynamodb", "BatchGetItem", False
+        ):  # fmt: skip
+            raise ValueError(
+                f"{self}: unprocessed applies to DynamoDB BatchGetItem answers only: "
+                "Rule('dynamodb', 'BatchGetItem', unprocessed=N)"
             )
         if self.times is not None and self.times < 1:
             raise ValueError(f"{self}: times must be at least 1, or None for always")
@@ -269,6 +288,26 @@ def error_answer(
     if call.service == "dynamodb":
         headers.append(("x-amz-crc32", str(zlib.crc32(body))))
     return status, headers, body
+
+
+def unprocessed_answer(request: bytes, answer: bytes, n: int) -> bytes:
+    """A BatchGetItem answer as DynamoDB gives it when a table runs out of read capacity
+    partway: the request's last `n` keys (all of them when it has no more) taken out of
+    `Responses` and listed in `UnprocessedKeys`, with their table's other settings from the
+    request (ConsistentRead, projection), ready to be sent again as they are."""
+    asked = json.loads(request)["RequestItems"]
+    out = json.loads(answer)
+    pairs = [(table, key) for table, spec in asked.items() for key in spec["Keys"]]
+    unprocessed = out.get("UnprocessedKeys") or {}
+    for table, key in pairs[max(0, len(pairs) - n) :]:
+        items = out["Responses"].get(table, [])
+        out["Responses"][table] = [
+            item for item in items if any(item.get(k) != v for k, v in key.items())
+        ]
+        settings = {k: v for k, v in asked[table].items() if k != "Keys"}
+        unprocessed.setdefault(table, {**settings, "Keys": []})["Keys"].append(key)
+    out["UnprocessedKeys"] = unprocessed
+    return json.dumps(out).encode()
 
 
 # --- the proxy --------------------------------------------------------------------------------
@@ -470,7 +509,7 @@ class _Handler(BaseHTTPRequestHandler):
             body = b"".join(chunks)
             call = Call(call.service, call.op, body.decode("utf-8", "replace"))
         rule = proxy._decide(call)
-        if rule is not None and not rule.after:
+        if rule is not None and not rule.after and not rule.unprocessed:
             if rule.delay_s:
                 time.sleep(rule.delay_s)
             else:
@@ -485,6 +524,9 @@ class _Handler(BaseHTTPRequestHandler):
                 response = self._forward(upstream, body)
             except (OSError, http.client.HTTPException) as exc:
                 self._bad_gateway(exc)
+                return
+            if rule is not None and rule.unprocessed:
+                self._partly_processed(response, body or b"", rule.unprocessed)
                 return
             if rule is not None and rule.after and rule.delay_s:
                 time.sleep(rule.delay_s)
@@ -556,6 +598,21 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
         if chunked:
             self.wfile.write(b"0\r\n\r\n")
+
+    def _partly_processed(self, response: http.client.HTTPResponse, request: bytes, n: int) -> None:
+        """Relay a BatchGetItem answer with `n` of its keys left unprocessed (an error
+        answer is relayed as it is)."""
+        body = response.read()
+        if response.status == 200:
+            body = unprocessed_answer(request, body, n)
+        self.send_response_only(response.status, response.reason)
+        for name, value in response.getheaders():
+            if name.lower() not in _HOP_BY_HOP and name.lower() not in _REWRITTEN:
+                self.send_header(name, value)
+        self.send_header("x-amz-crc32", str(zlib.crc32(body)))
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def _bad_gateway(self, exc: Exception) -> None:
         """The upstream could not be reached or answered garbage: say so, then hang up."""

@@ -20,10 +20,12 @@ from changelog.errors import (
     ContinuityError,
     CorruptObjectError,
     MissingObjectError,
+    ThrottledError,
 )
 from changelog.layout import AppLocation
 from changelog.restore import identity, materialize, restore
 from changelog.snapshot import manifests, read_manifest, write_snapshot
+from processor.fault_proxy import FaultProxy, Rule
 from state.store import SliceStore
 
 SLICES = 16
@@ -456,3 +458,68 @@ def test_a_commit_failing_two_ways_raises_the_unexpected_error_and_notes_the_los
     assert isinstance(both, HeadConflictError) and both.slices == [3, 4, 120]
     assert str(both).startswith("claim of slices [3, 4, 120] lost to another writer")
     assert str(both).endswith("(1 of its 3 transactions landed)")
+
+
+def test_a_wide_read_of_heads_sends_its_batch_gets_at_once(wide, monkeypatch):
+    """250 heads are three BatchGetItem calls in flight together: each waits at a barrier
+    for the other two before it is sent, which one at a time would never pass."""
+    monkeypatch.setattr(durable_module, "READ_THREADS", 1)
+    one_at_a_time = wide.heads(list(range(WIDE)))
+    monkeypatch.undo()
+    barrier = threading.Barrier(3, timeout=20)
+    client = aws.client("dynamodb")
+    event = "before-call.dynamodb.BatchGetItem"
+
+    def hook(**_):
+        barrier.wait()
+
+    client.meta.events.register(event, hook)
+    try:
+        together = wide.heads(list(range(WIDE)))
+    finally:
+        client.meta.events.unregister(event, hook)
+    assert together == one_at_a_time and sorted(together) == list(range(WIDE))
+    assert all(h.version == 1 for h in together.values())
+
+
+@pytest.fixture
+def via_proxy(aws, monkeypatch):
+    """DynamoDB through a fault proxy; the pauses before asking again are recorded, not
+    slept."""
+    pauses: list[int] = []
+    monkeypatch.setattr(durable_module, "_unprocessed_pause_s", lambda n: pauses.append(n) or 0.0)
+    with FaultProxy(aws.s3_endpoint, seed=3) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", proxy.url)
+        yield proxy, pauses
+
+
+def test_heads_left_unprocessed_are_asked_for_again(wide, via_proxy):
+    """Four answers of a throttled table leave 60 keys each unprocessed: each costs one
+    more BatchGetItem for just those keys, after a pause, and every head is read."""
+    proxy, pauses = via_proxy
+    direct = DurableState(wide.loc)
+    expected = {s: (h.version, h.log) for s, h in wide.heads(list(range(WIDE))).items()}
+    proxy.reset_counts()
+    proxy.add(Rule("dynamodb", "BatchGetItem", unprocessed=60, times=4))
+    got = direct.heads(list(range(WIDE)))
+    assert {s: (h.version, h.log) for s, h in got.items()} == expected
+    assert proxy.counts()[("dynamodb", "BatchGetItem")] == 3 + 4
+    assert proxy.injected() == {("dynamodb", "BatchGetItem"): 4}
+    assert len(pauses) == 4 and set(pauses) <= {1, 2, 3, 4}
+
+
+def test_heads_a_throttled_table_keeps_unprocessed_are_named(wide, via_proxy):
+    proxy, pauses = via_proxy
+    proxy.add(Rule("dynamodb", "BatchGetItem", unprocessed=2))
+    with pytest.raises(ThrottledError, match=r"slices \[4, 5\] unprocessed after 10 BatchGetItem"):
+        DurableState(wide.loc).heads([3, 4, 5])
+    assert proxy.counts()[("dynamodb", "BatchGetItem")] == durable_module.UNPROCESSED_ROUNDS
+    assert pauses == list(range(1, durable_module.UNPROCESSED_ROUNDS))
+
+
+def test_the_pause_before_asking_again_grows_and_is_bounded():
+    for attempt in range(1, 20):
+        bound = min(2.0, durable_module.UNPROCESSED_PAUSE_S * 2 ** (attempt - 1))
+        pauses = [durable_module._unprocessed_pause_s(attempt) for _ in range(50)]
+        assert all(0 <= p <= bound for p in pauses)
+    assert durable_module.UNPROCESSED_PAUSE_S * 2**9 > 2.0  # the last rounds wait up to 2 s

@@ -17,7 +17,14 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 from botocore.retries.standard import ExponentialBackoff
 
-from processor.fault_proxy import Call, FaultProxy, Rule, classify, error_answer
+from processor.fault_proxy import (
+    Call,
+    FaultProxy,
+    Rule,
+    classify,
+    error_answer,
+    unprocessed_answer,
+)
 from processor.local_aws import LocalAws
 
 
@@ -136,6 +143,41 @@ def test_rule_needs_exactly_one_action() -> None:
         Rule("s3", "PutObject")
     with pytest.raises(ValueError, match="exactly one action"):
         Rule("s3", "PutObject", status=500, drop=True)
+    with pytest.raises(ValueError, match="BatchGetItem answers only"):
+        Rule("dynamodb", "TransactWriteItems", unprocessed=3)
+    with pytest.raises(ValueError, match="BatchGetItem answers only"):
+        Rule("dynamodb", "BatchGetItem", unprocessed=3, after=True)
+
+
+def test_an_unprocessed_answer_moves_the_last_keys_with_their_tables_settings() -> None:
+    """Keys move from the end of the request, across its tables, whether or not an item was
+    found; what is left is what DynamoDB answered for the others."""
+    request = {
+        "RequestItems": {
+            "a": {"Keys": [{"pk": {"S": k}} for k in "xyz"], "ConsistentRead": True},
+            "b": {"Keys": [{"pk": {"S": "p"}, "sk": {"N": "1"}}], "ProjectionExpression": "v"},
+        }
+    }
+    answer = {
+        "Responses": {
+            "a": [item(k) for k in "xz"],  # y has no item
+            "b": [{"pk": {"S": "p"}, "sk": {"N": "1"}, "v": {"S": "1"}}],
+        },
+        "UnprocessedKeys": {},
+    }
+    got = json.loads(
+        unprocessed_answer(json.dumps(request).encode(), json.dumps(answer).encode(), 3)
+    )
+    assert got["Responses"] == {"a": [item("x")], "b": []}
+    assert got["UnprocessedKeys"] == {
+        "a": {"Keys": [{"pk": {"S": "y"}}, {"pk": {"S": "z"}}], "ConsistentRead": True},
+        "b": {"Keys": [{"pk": {"S": "p"}, "sk": {"N": "1"}}], "ProjectionExpression": "v"},
+    }
+    everything = json.loads(
+        unprocessed_answer(json.dumps(request).encode(), json.dumps(answer).encode(), 99)
+    )
+    assert everything["Responses"] == {"a": [], "b": []}
+    assert everything["UnprocessedKeys"]["a"]["Keys"] == request["RequestItems"]["a"]["Keys"]
 
 
 # --- through the proxy ------------------------------------------------------------------------
@@ -222,6 +264,27 @@ def test_throughput_exceeded_twice_on_transact_write_is_retried_then_applied(
         RequestItems={table: {"Keys": [{"pk": {"S": "a"}}, {"pk": {"S": "b"}}]}}
     )
     assert sorted(i["pk"]["S"] for i in got["Responses"][table]) == ["a", "b"]
+
+
+def test_a_partly_processed_batch_get_reaches_the_client_as_dynamodb_sends_it(
+    proxy: FaultProxy, table: str
+) -> None:
+    """botocore accepts the rewritten answer (its CRC32 and length are the new body's) and
+    the client sees the last two keys unprocessed, ready to send again."""
+    boto3.client("dynamodb").transact_write_items(
+        TransactItems=[{"Put": {"TableName": table, "Item": item(pk)}} for pk in "abcd"]
+    )
+    proxy.add(Rule("dynamodb", "BatchGetItem", unprocessed=2, times=1))
+    ddb = through(proxy, "dynamodb")
+    keys = [{"pk": {"S": pk}} for pk in "abcd"]
+    got = ddb.batch_get_item(RequestItems={table: {"Keys": keys, "ConsistentRead": True}})
+    assert sorted(i["pk"]["S"] for i in got["Responses"][table]) == ["a", "b"]
+    again = got["UnprocessedKeys"]
+    assert again == {table: {"Keys": keys[2:], "ConsistentRead": True}}
+    rest = ddb.batch_get_item(RequestItems=again)
+    assert sorted(i["pk"]["S"] for i in rest["Responses"][table]) == ["c", "d"]
+    assert not rest["UnprocessedKeys"]
+    assert proxy.injected() == {("dynamodb", "BatchGetItem"): 1}
 
 
 def test_persistent_500_fails_after_exactly_max_attempts(proxy: FaultProxy, bucket: str) -> None:

@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 from botocore.retries.standard import ExponentialBackoff
 
+from changelog import durable as durable_module
 from changelog.durable import DurableState
 from changelog.errors import CommitConflictError
 from processor.fault_proxy import FaultProxy, Rule
@@ -52,6 +53,24 @@ def test_transient_errors_are_retried_and_change_nothing(location, tmp_path, pro
     assert durable_counts(location) == Counter(KEYS)
     per_key: dict[str, list[int]] = {}
     for o in seen:
+        per_key.setdefault(o["key"], []).append(o["n"])
+    assert all(ns == list(range(1, len(ns) + 1)) for ns in per_key.values())
+
+
+def test_heads_a_throttled_table_leaves_unprocessed_are_read_again_and_change_nothing(
+    location, tmp_path, proxy, monkeypatch
+):
+    """A host that knows no heads reads them (its first batch, and a second host taking the
+    group over); DynamoDB answers part of each read. The keys left out are asked for again,
+    and every record counts once, as a fold of the input says."""
+    monkeypatch.setattr(durable_module, "_unprocessed_pause_s", lambda attempt: 0.0)
+    proxy.add(Rule("dynamodb", "BatchGetItem", unprocessed=5, times=4))
+    first = batches(runner(location, tmp_path / "a"), 2)
+    second = outputs(runner(location, tmp_path / "b").run(0, "q", 2, frame(KEYS[200:300], 200)))
+    assert proxy.injected() == {("dynamodb", "BatchGetItem"): 4}
+    assert durable_counts(location) == Counter(KEYS[:300])
+    per_key: dict[str, list[int]] = {}
+    for o in first + second:
         per_key.setdefault(o["key"], []).append(o["n"])
     assert all(ns == list(range(1, len(ns) + 1)) for ns in per_key.values())
 
