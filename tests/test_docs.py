@@ -177,6 +177,7 @@ MESSAGES = [
     " is not retained (restorable: ",
     "node not found on PATH: install Node 18+",
     "emulators may be running; run 'shardless local down' first",
+    " unprocessed after ",
 ]
 
 
