@@ -4,7 +4,9 @@ alternating order, and the module's settings are put back afterwards."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 
 import pytest
 
@@ -13,43 +15,60 @@ from changelog import aws as clients
 from changelog import durable as durable_module
 
 
-def test_the_baseline_sends_one_at_a_time_and_the_contender_together(aws, monkeypatch):
-    lock = threading.Lock()
-    in_flight, most = [0], [0]
+class InFlight:
+    """The most calls of one operation in flight at once since the last `reset`."""
 
-    def before(**_):
-        with lock:
-            in_flight[0] += 1
-            most[0] = max(most[0], in_flight[0])
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._now = 0
+        self.most = 0
 
-    def after(**_):
-        with lock:
-            in_flight[0] -= 1
+    def reset(self) -> None:
+        self.most = 0
 
-    most_per_commit: list[int] = []
-    original = commit_latency._commit
+    def before(self, **_) -> None:
+        with self._lock:
+            self._now += 1
+            self.most = max(self.most, self._now)
 
-    def commit(durable, heads, batch):
-        most[0] = 0
-        out = original(durable, heads, batch)
-        most_per_commit.append(most[0])
-        return out
+    def after(self, **_) -> None:
+        with self._lock:
+            self._now -= 1
 
-    monkeypatch.setattr(commit_latency, "_commit", commit)
-    monkeypatch.setattr(durable_module, "TRANSACTION_THREADS", 5)
-    client = clients.client("dynamodb", validated=False)
+
+@contextlib.contextmanager
+def counting(client, op: str) -> Iterator[InFlight]:
+    """Count `op`'s calls in flight on `client` (botocore's before and after hooks)."""
+    counter = InFlight()
     hooks = [
-        ("before-call.dynamodb.TransactWriteItems", before),
-        ("after-call.dynamodb.TransactWriteItems", after),
-        ("after-call-error.dynamodb.TransactWriteItems", after),
+        (f"before-call.dynamodb.{op}", counter.before),
+        (f"after-call.dynamodb.{op}", counter.after),
+        (f"after-call-error.dynamodb.{op}", counter.after),
     ]
     for event, hook in hooks:
         client.meta.events.register(event, hook)
     try:
-        f = commit_latency.measure(256, rounds=2, warmup=0, threads=8)
+        yield counter
     finally:
         for event, hook in hooks:
             client.meta.events.unregister(event, hook)
+
+
+def test_the_baseline_sends_one_at_a_time_and_the_contender_together(aws, monkeypatch):
+    most_per_commit: list[int] = []
+    original = commit_latency._commit
+    client = clients.client("dynamodb", validated=False)
+    with counting(client, "TransactWriteItems") as in_flight:
+
+        def commit(durable, heads, batch):
+            in_flight.reset()
+            out = original(durable, heads, batch)
+            most_per_commit.append(in_flight.most)
+            return out
+
+        monkeypatch.setattr(commit_latency, "_commit", commit)
+        monkeypatch.setattr(durable_module, "TRANSACTION_THREADS", 5)
+        f = commit_latency.measure(256, rounds=2, warmup=0, threads=8)
     assert f["transactions"] == 3
     assert [len(v) for v in f["runs"].values()] == [2, 2]
     assert f["ratio"] == pytest.approx(f["together_s"] / f["one_at_a_time_s"], rel=0.01)
@@ -61,43 +80,20 @@ def test_the_baseline_sends_one_at_a_time_and_the_contender_together(aws, monkey
 
 
 def test_the_read_baseline_reads_one_call_at_a_time_and_the_contender_together(aws, monkeypatch):
-    lock = threading.Lock()
-    in_flight, most = [0], [0]
-
-    def before(**_):
-        with lock:
-            in_flight[0] += 1
-            most[0] = max(most[0], in_flight[0])
-
-    def after(**_):
-        with lock:
-            in_flight[0] -= 1
-
     most_per_read: list[int] = []
     original = durable_module.DurableState.heads
+    with counting(clients.client("dynamodb"), "BatchGetItem") as in_flight:
 
-    def heads(self, slices):
-        most[0] = 0
-        out = original(self, slices)
-        if len(slices) == 256:  # the measured reads, not the commits' own
-            most_per_read.append(most[0])
-        return out
+        def heads(self, slices):
+            in_flight.reset()
+            out = original(self, slices)
+            if len(slices) == 256:  # the measured reads, not the commits' own
+                most_per_read.append(in_flight.most)
+            return out
 
-    monkeypatch.setattr(durable_module.DurableState, "heads", heads)
-    monkeypatch.setattr(durable_module, "READ_THREADS", 5)
-    client = clients.client("dynamodb")
-    hooks = [
-        ("before-call.dynamodb.BatchGetItem", before),
-        ("after-call.dynamodb.BatchGetItem", after),
-        ("after-call-error.dynamodb.BatchGetItem", after),
-    ]
-    for event, hook in hooks:
-        client.meta.events.register(event, hook)
-    try:
+        monkeypatch.setattr(durable_module.DurableState, "heads", heads)
+        monkeypatch.setattr(durable_module, "READ_THREADS", 5)
         f = commit_latency.measure_reads(256, rounds=2, warmup=1, threads=8)
-    finally:
-        for event, hook in hooks:
-            client.meta.events.unregister(event, hook)
     assert f["calls"] == 3
     assert [len(v) for v in f["runs"].values()] == [2, 2]
     assert f["ratio"] == pytest.approx(f["together_s"] / f["one_at_a_time_s"], rel=0.01)

@@ -518,8 +518,11 @@ def test_heads_a_throttled_table_keeps_unprocessed_are_named(wide, via_proxy):
 
 
 def test_the_pause_before_asking_again_grows_and_is_bounded():
+    """Full jitter up to a bound that doubles each round up to 2 s: every pause is within
+    its round's bound, and 200 draws reach past half of it (all below: p = 2**-200)."""
     for attempt in range(1, 20):
         bound = min(2.0, durable_module.UNPROCESSED_PAUSE_S * 2 ** (attempt - 1))
-        pauses = [durable_module._unprocessed_pause_s(attempt) for _ in range(50)]
+        pauses = [durable_module._unprocessed_pause_s(attempt) for _ in range(200)]
         assert all(0 <= p <= bound for p in pauses)
+        assert max(pauses) > bound / 2, (attempt, bound, max(pauses))
     assert durable_module.UNPROCESSED_PAUSE_S * 2**9 > 2.0  # the last rounds wait up to 2 s
