@@ -46,36 +46,49 @@ def bars(result: dict[str, Any]) -> list[tuple[str, str, bool]]:
     return out
 
 
+def panels(result: dict[str, Any]) -> list[tuple[int, dict[str, Any], bool]]:
+    """(records per batch, the run's result, with the second master's bars) per panel:
+    the first run, then the rerun in batches of `--also-batch` records when it ran."""
+    out = [(result["config"]["batch_records"], result, True)]
+    if "also_batch" in result:
+        again = result["also_batch"]
+        out.append((again["batch_records"], {**result, "workloads": again["workloads"]}, False))
+    return out
+
+
 def draw(result: dict[str, Any], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    workloads = list(result["workloads"])
-    series = bars(result)
-    fig, ax = plt.subplots(figsize=(10, 5.5), dpi=110)
-    width = 0.8 / len(series)
-    for i, (contender, label, also) in enumerate(series):
-        source = result["also"]["workloads"] if also else result["workloads"]
-        values = [source.get(w, {}).get(contender) or 0 for w in workloads]
-        xs = [w + (i - (len(series) - 1) / 2) * width for w in range(len(workloads))]
-        style = {"hatch": "//", "edgecolor": "white"} if also else {}
-        drawn = ax.bar(xs, values, width, label=label, color=COLOURS[contender], **style)
-        names = [f"{v / 1000:,.1f}k" if v else "" for v in values]
-        ax.bar_label(drawn, labels=names, fontsize=7, rotation=90, padding=2)
-    ax.set_yscale("log")
-    ax.set_ylim(top=ax.get_ylim()[1] * 12)  # room for the legend above the tallest bar
-    ax.set_xticks(range(len(workloads)), [name.replace("_", " ") for name in workloads])
-    ax.set_ylabel("records per second (log scale), steady state")
+    shown = panels(result)
+    fig, axes = plt.subplots(len(shown), 1, figsize=(10, 5.5 * len(shown)), dpi=110)
+    axes = axes if len(shown) > 1 else [axes]
     cfg = result["config"]
-    ax.set_title(
-        f"Counting per key: {cfg['records_per_workload']:,} records per workload in batches of "
-        f"{cfg['batch_records']:,}, 2 cores, RocksDB state store",
-        fontsize=10,
-    )
-    ax.legend(fontsize=8, loc="upper left", ncols=2)
-    ax.grid(axis="y", which="major", alpha=0.3)
+    for ax, (batch, run, with_also) in zip(axes, shown, strict=True):
+        workloads = list(run["workloads"])
+        series = [s for s in bars(run) if with_also or not s[2]]
+        width = 0.8 / len(series)
+        for i, (contender, label, also) in enumerate(series):
+            source = run["also"]["workloads"] if also else run["workloads"]
+            values = [source.get(w, {}).get(contender) or 0 for w in workloads]
+            xs = [w + (i - (len(series) - 1) / 2) * width for w in range(len(workloads))]
+            style = {"hatch": "//", "edgecolor": "white"} if also else {}
+            drawn = ax.bar(xs, values, width, label=label, color=COLOURS[contender], **style)
+            names = [f"{v / 1000:,.1f}k" if v else "" for v in values]
+            ax.bar_label(drawn, labels=names, fontsize=7, rotation=90, padding=2)
+        ax.set_yscale("log")
+        ax.set_ylim(top=ax.get_ylim()[1] * 12)  # room for the legend above the tallest bar
+        ax.set_xticks(range(len(workloads)), [name.replace("_", " ") for name in workloads])
+        ax.set_ylabel("records per second (log scale), steady state")
+        ax.set_title(
+            f"Counting per key: {cfg['records_per_workload']:,} records per workload in "
+            f"batches of {batch:,}, 2 cores, RocksDB state store",
+            fontsize=10,
+        )
+        ax.legend(fontsize=8, loc="upper left", ncols=2)
+        ax.grid(axis="y", which="major", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from bench import vs_spark
+from bench import chart, vs_spark
 from processor.config import JobConfig
 from processor.handlers import HandlerFactory
 from processor.job import as_records, outputs, slice_column
@@ -200,3 +200,59 @@ def test_measure_warms_every_contender_up_before_any_measured_run(monkeypatch, t
         ("session", "stopped", 0),
     ]
     assert set(runs["warm_up"]) == set(contenders)
+
+
+def test_also_batch_reruns_everything_in_the_other_batch_size_and_judges_its_goals(
+    monkeypatch, tmp_path
+) -> None:  # noqa: ANN001
+    """The rerun measures every contender and workload again in batches of --also-batch
+    records, leaves the first run's arguments alone, and judges the goals on its own rates."""
+    calls: list[tuple[str, str, int, int]] = []
+
+    def fake_run(contender, spark, w, batches, *rest):  # noqa: ANN001, ANN202
+        calls.append((w.name, contender, batches, w.sizes[0]))
+        r = vs_spark.Run(contender)
+        rate = {"shardless": 110_000, "apply_in_pandas_with_state": 10_000}.get(contender, 1)
+        r.records, r.seconds = [w.sizes[0]] * batches, [w.sizes[0] / rate] * batches
+        return r
+
+    class Session:
+        def stop(self) -> None:
+            pass
+
+    monkeypatch.setattr(vs_spark, "run", fake_run)
+    monkeypatch.setattr(vs_spark, "spark_session", lambda master, groups: Session())
+    args = argparse.Namespace(
+        records=1_200, batch=200, also_batch=400, slow_batches=2, warmup_batches=0, seed=1,
+        groups=2, slices=256, few_slices=32, group_owner="process", master="local[2]",
+    )  # fmt: skip
+    contenders = ["shardless", "apply_in_pandas_with_state"]
+    again = vs_spark.also_batch(args, contenders, ["zipf_1m"], tmp_path, None)
+    assert calls == [
+        ("zipf_1m", "shardless", 3, 400),  # 1,200 records in batches of 400
+        ("zipf_1m", "apply_in_pandas_with_state", 2, 400),  # --slow-batches on 1M keys
+    ]
+    assert args.batch == 200  # the first run's batch size is left alone
+    assert (again["batch_records"], again["batches"]) == (400, 3)
+    assert again["workloads"]["zipf_1m"]["shardless"] == 110_000
+    assert again["goals"]["zipf_1m_vs_faster_pandas"] == {
+        "target": 10.0,
+        "value": 11.0,
+        "met": True,
+    }
+
+
+def test_the_chart_draws_a_panel_per_batch_size() -> None:
+    result = {
+        "config": {"batch_records": 100_000, "master": "local[2]"},
+        "workloads": {"zipf_1m": {"shardless": 1.0, "spark_sql_count": 2.0}},
+        "also": {"master": "local-cluster", "workloads": {"zipf_1m": {"shardless": 0.5}}},
+        "also_batch": {"batch_records": 200_000, "workloads": {"zipf_1m": {"shardless": 3.0}}},
+    }
+    (first, first_run, with_also), (second, second_run, second_also) = chart.panels(result)
+    assert (first, with_also, first_run["workloads"]) == (100_000, True, result["workloads"])
+    assert (second, second_also) == (200_000, False)
+    assert second_run["workloads"] == {"zipf_1m": {"shardless": 3.0}}
+    assert [c for c, _, _ in chart.bars(second_run)][:1] == ["shardless"]
+    del result["also_batch"]
+    assert len(chart.panels(result)) == 1
