@@ -48,7 +48,7 @@ $(STAMP_BENCH): $(STAMP_PY)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	touch $@
 
-# Every benchmark in bench/, each writing its JSON under bench/results/ (vs_spark: 5-25 min,
+# Every benchmark in bench/, each writing its JSON under bench/results/ (vs_spark: 25-45 min,
 # faults: ~75 min).
 bench: setup $(STAMP_BENCH)
 	$(PY) -m bench.state_loop --json > bench/results/state_loop.json

@@ -63,7 +63,7 @@ def draw(result: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     shown = panels(result)
-    fig, axes = plt.subplots(len(shown), 1, figsize=(10, 5.5 * len(shown)), dpi=110)
+    fig, axes = plt.subplots(len(shown), 1, figsize=(10, 5.5 * len(shown)), dpi=110, sharey=True)
     axes = axes if len(shown) > 1 else [axes]
     cfg = result["config"]
     for ax, (batch, run, with_also) in zip(axes, shown, strict=True):
@@ -79,7 +79,6 @@ def draw(result: dict[str, Any], path: Path) -> None:
             names = [f"{v / 1000:,.1f}k" if v else "" for v in values]
             ax.bar_label(drawn, labels=names, fontsize=7, rotation=90, padding=2)
         ax.set_yscale("log")
-        ax.set_ylim(top=ax.get_ylim()[1] * 12)  # room for the legend above the tallest bar
         ax.set_xticks(range(len(workloads)), [name.replace("_", " ") for name in workloads])
         ax.set_ylabel("records per second (log scale), steady state")
         ax.set_title(
@@ -89,6 +88,7 @@ def draw(result: dict[str, Any], path: Path) -> None:
         )
         ax.legend(fontsize=8, loc="upper left", ncols=2)
         ax.grid(axis="y", which="major", alpha=0.3)
+    axes[0].set_ylim(top=axes[0].get_ylim()[1] * 12)  # room for the legends (axes shared)
     fig.tight_layout()
     fig.savefig(path)
 
