@@ -666,6 +666,15 @@ def main(argv: list[str] | None = None) -> None:
         help="cProfile every shardless group call into DIR (processor.runtime.PROFILE_ENV)",
     )
     args = parser.parse_args(argv)
+    for name in ("records", "batch"):
+        if getattr(args, name) <= 0:
+            parser.error(
+                f"--{name} must be a positive number of records, not {getattr(args, name)}"
+            )
+    if args.also_batch < 0:
+        parser.error(
+            f"--also-batch must be a number of records, or 0 for none, not {args.also_batch}"
+        )
     if args.profile:
         from processor.runtime import PROFILE_ENV
 

@@ -256,3 +256,20 @@ def test_the_chart_draws_a_panel_per_batch_size() -> None:
     assert [c for c, _, _ in chart.bars(second_run)][:1] == ["shardless"]
     del result["also_batch"]
     assert len(chart.panels(result)) == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--also-batch", "-3"], "--also-batch must be a number of records, or 0 for none, not -3"),
+        (["--batch", "0"], "--batch must be a positive number of records, not 0"),
+        (["--records", "-1"], "--records must be a positive number of records, not -1"),
+    ],
+)
+def test_batch_sizes_that_are_not_record_counts_are_refused_before_anything_starts(
+    argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        vs_spark.main(argv)
+    assert exit_.value.code == 2
+    assert named in capsys.readouterr().err
