@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
                 calls = (
                     f"{f['transactions']} transactions"
                     if "transactions" in f
-                    else (f"{f['calls']} BatchGetItem calls")
+                    else f"{f['calls']} BatchGetItem calls"
                 )
                 print(
                     f"{what:>15} {rtt:>9} {size:>11}: {calls}, one at a time "

@@ -47,6 +47,7 @@ from changelog.layout import (
     next_history,
     query_tag,
     segment_key,
+    slice_of_pk,
     slice_pk,
 )
 from changelog.segment import decode_section, encode_segment
@@ -241,7 +242,7 @@ class DurableState:
             request = out.get("UnprocessedKeys") or {}
             if not request:
                 return found
-        left = sorted(int(k["pk"]["S"].split("#")[1]) for k in request[self.loc.table]["Keys"])
+        left = sorted(slice_of_pk(k["pk"]["S"]) for k in request[self.loc.table]["Keys"])
         raise ThrottledError(
             f"DynamoDB table {self.loc.table} ({aws.where('dynamodb')}) still left the heads of "
             f"slices {left} unprocessed after {UNPROCESSED_ROUNDS} BatchGetItem rounds: its "

@@ -65,6 +65,11 @@ def slice_pk(slice_id: int) -> str:
     return f"slice#{slice_id:05d}"
 
 
+def slice_of_pk(pk: str) -> int:
+    """The slice of a head item's partition key (the inverse of `slice_pk`)."""
+    return int(pk.split("#")[1])
+
+
 _uid_lock = threading.Lock()
 _uid_state: list[Any] = [0, b"", 0]  # pid, 8 random bytes, counter
 
@@ -243,7 +248,7 @@ def _int(item: dict, name: str, default: int = 0) -> int:
 def head_from_item(item: dict) -> Head:
     log_bytes = bytes(item["log"]["B"]) if "log" in item else None
     return Head(
-        slice=int(item["pk"]["S"].split("#")[1]),
+        slice=slice_of_pk(item["pk"]["S"]),
         version=_int(item, "version"),
         query=item["query"]["S"] if "query" in item else "",
         batch=_int(item, "batch", -1),

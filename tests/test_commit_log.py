@@ -20,6 +20,8 @@ from changelog.layout import (
     new_uid,
     next_history,
     plan_restore,
+    slice_of_pk,
+    slice_pk,
     snapshot_due,
 )
 
@@ -179,3 +181,8 @@ def test_a_long_log_of_one_writer_takes_about_15_bytes_an_entry():
     assert decode_log(encode_log(log)) == log
     old = msgpack.packb([[*e.__dict__.values()] for e in log])
     assert len(encode_log(log)) < 15 * len(log) and 4 * len(encode_log(log)) < len(old)
+
+
+@given(st.integers(0, 99_999))
+def test_a_head_items_partition_key_names_its_slice(slice_id: int) -> None:
+    assert slice_of_pk(slice_pk(slice_id)) == slice_id

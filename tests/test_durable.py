@@ -488,7 +488,7 @@ def via_proxy(aws, monkeypatch):
     slept."""
     pauses: list[int] = []
     monkeypatch.setattr(durable_module, "_unprocessed_pause_s", lambda n: pauses.append(n) or 0.0)
-    with FaultProxy(aws.s3_endpoint, seed=3) as proxy:
+    with FaultProxy(aws.dynamodb_endpoint, seed=3) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", proxy.url)
         yield proxy, pauses
 
