@@ -140,7 +140,13 @@ def test_timers_fire_in_slices_that_receive_no_more_records(
     )
     try:
         deadline = time.monotonic() + 90
-        while sorted(fired) != keys and time.monotonic() < deadline and query.isActive:
+        # until every output has been sunk and also reported: a batch's report comes after
+        # its sink, so stopping on the sink alone could cut the last report off
+        while (
+            (sorted(fired) != keys or sum(r.outputs for r in reports) < len(keys))
+            and time.monotonic() < deadline
+            and query.isActive
+        ):
             time.sleep(0.5)
     finally:
         query.stop()
