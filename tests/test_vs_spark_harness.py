@@ -125,6 +125,27 @@ def test_the_floor_runner_counts_its_input_and_keeps_no_state() -> None:
     assert metrics["called_at"] > 0 and metrics["seconds"] >= 0  # the floor's timeline
 
 
+def test_a_groups_return_in_the_timeline_counts_its_input_and_the_trip_to_its_owner() -> None:
+    from datetime import UTC, datetime
+
+    start = datetime(2026, 11, 25, tzinfo=UTC)
+    t0 = start.timestamp()
+    run = vs_spark.Run("shardless", records=[100], seconds=[1.0], started=[start])
+    run.groups.append(
+        {
+            "called_at": [t0 + 0.2, t0 + 0.25],
+            "group_s": [0.3, 0.28],
+            # the group's run began after the worker read its input and the owner got it
+            "timings": [{"input": 0.02, "owner_request": 0.03}, {"input": 0.01}],
+        }
+    )
+    floor = vs_spark.Run("python_floor", records=[100], seconds=[0.5], started=[start])
+    floor.groups.append({"called_at": [t0 + 0.2], "group_s": [0.1]})  # from its call on
+    (line,) = run.timeline()
+    assert line == {"first_call_s": 0.2, "last_return_s": 0.55, "trigger_s": 1.0}
+    assert floor.timeline()[0]["last_return_s"] == 0.3
+
+
 @pytest.mark.slow
 def test_every_contender_warms_the_session_up_unmeasured_before_the_first_run(
     spark,
