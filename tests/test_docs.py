@@ -5,7 +5,8 @@
 - every `shardless state` command and its options are in docs/operations.md;
 - the error messages an operator meets are in docs/troubleshooting.md, and still printed
   by the code as the page quotes them;
-- the README links every page of docs/.
+- the README links every page of docs/, and its "How fast" table quotes the recorded
+  bench/results/vs_spark.json.
 
 Adding an option, a field or a command without documenting it fails here.
 """
@@ -195,3 +196,31 @@ def test_the_readme_links_every_doc():
 def test_the_readme_gives_the_two_commands_and_the_prerequisites():
     for text in ("make demo", "make test", "Python 3.11+", "Java 17+", "Node 18+"):
         assert text in README, text
+
+
+def test_the_readmes_figures_are_the_recorded_benchmarks():
+    """README.md's "How fast" table quotes bench/results/vs_spark.json: a rerun of
+    `make bench` that is committed without the README fails here."""
+    import json
+
+    result = json.loads((ROOT / "bench" / "results" / "vs_spark.json").read_text())
+    rows = {
+        "shardless, a Python handler per record": "shardless",
+        "`applyInPandasWithState`": "apply_in_pandas_with_state",
+        "`transformWithStateInPandas`": "transform_with_state_in_pandas",
+        "Spark SQL `groupBy(key).count()` (JVM, no Python)": "spark_sql_count",
+    }
+    workloads = ("uniform_1m", "zipf_1m", "small_1k")
+    table = {
+        cells[0]: cells[1:]
+        for line in README.splitlines()
+        if line.startswith("| ") and (cells := [c.strip() for c in line.strip("|").split("|")])
+    }
+    for label, contender in rows.items():
+        assert label in table, f"README.md's How fast table has no row {label!r}"
+        for cell, w in zip(table[label], workloads, strict=True):
+            want = (
+                f"{result['workloads'][w][contender]:,} / "
+                f"{result['also_batch']['workloads'][w][contender]:,}"
+            )
+            assert cell.strip("*") == want, f"README.md: {label} on {w}: {cell}, recorded {want}"
