@@ -292,14 +292,16 @@ class Run:
         out = []
         for start, secs, groups in zip(self.started, self.seconds, self.groups, strict=False):
             begin = start.timestamp()
-            called = [c for c in groups.get("called_at", []) if c]
-            if not called:
-                continue
-            timings = groups.get("timings") or [{}] * len(called)
-            ends = [
-                group_end(c, g, t)
-                for c, g, t in zip(called, groups["group_s"], timings, strict=False)
+            calls = groups.get("called_at", [])
+            timings = groups.get("timings") or [{}] * len(calls)
+            # a group without a call time is left out with its own seconds and timings
+            known = [
+                (c, g, t) for c, g, t in zip(calls, groups["group_s"], timings, strict=True) if c
             ]
+            if not known:
+                continue
+            called = [c for c, _, _ in known]
+            ends = [group_end(c, g, t) for c, g, t in known]
             out.append(
                 {
                     "first_call_s": round(min(called) - begin, 3),
@@ -743,18 +745,18 @@ def main(argv: list[str] | None = None) -> None:
         return
     for name, rates in out["workloads"].items():
         print(name, json.dumps(rates), json.dumps(out["runs"][name]["ratios"]))
-    for name, goal in out["goals"].items():
-        met = "met" if goal["met"] else "NOT met"
-        print(f"goal {name}: {goal['value']} (target {goal['target']}) {met}")
+    print_goals(out["goals"])
     if "also_batch" in out:
         size = out["also_batch"]["batch_records"]
         for name, rates in out["also_batch"]["workloads"].items():
             print(f"batches of {size}: {name}", json.dumps(rates))
-        for name, goal in out["also_batch"]["goals"].items():
-            met = "met" if goal["met"] else "NOT met"
-            print(
-                f"batches of {size}: goal {name}: {goal['value']} (target {goal['target']}) {met}"
-            )
+        print_goals(out["also_batch"]["goals"], f"batches of {size}: ")
+
+
+def print_goals(judged: dict[str, dict[str, Any]], prefix: str = "") -> None:
+    for name, goal in judged.items():
+        met = "met" if goal["met"] else "NOT met"
+        print(f"{prefix}goal {name}: {goal['value']} (target {goal['target']}) {met}")
 
 
 if __name__ == "__main__":

@@ -204,6 +204,7 @@ def test_the_readmes_figures_are_the_recorded_benchmarks():
     import json
 
     result = json.loads((ROOT / "bench" / "results" / "vs_spark.json").read_text())
+    assert "also_batch" in result, "vs_spark.json was not run as `make bench` runs it"
     rows = {
         "shardless, a Python handler per record": "shardless",
         "`applyInPandasWithState`": "apply_in_pandas_with_state",

@@ -139,11 +139,14 @@ def test_a_groups_return_in_the_timeline_counts_its_input_and_the_trip_to_its_ow
             "timings": [{"input": 0.02, "owner_request": 0.03}, {"input": 0.01}],
         }
     )
-    floor = vs_spark.Run("python_floor", records=[100], seconds=[0.5], started=[start])
+    floor = vs_spark.Run("python_floor", records=[100, 100], seconds=[0.5, 0.5])
+    floor.started = [start, start]
     floor.groups.append({"called_at": [t0 + 0.2], "group_s": [0.1]})  # from its call on
+    # a group without a call time is left out, not paired with another group's seconds
+    floor.groups.append({"called_at": [None, t0 + 0.1], "group_s": [0.4, 0.05]})
     (line,) = run.timeline()
     assert line == {"first_call_s": 0.2, "last_return_s": 0.55, "trigger_s": 1.0}
-    assert floor.timeline()[0]["last_return_s"] == 0.3
+    assert [x["last_return_s"] for x in floor.timeline()] == [0.3, 0.15]
 
 
 @pytest.mark.slow
