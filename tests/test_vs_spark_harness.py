@@ -37,7 +37,7 @@ def test_workload_files_and_expected_counts_match_a_python_fold(tmp_path: Path) 
 
 
 @pytest.mark.slow
-def test_slice_column_routes_exactly_as_the_kinesis_source(spark) -> None:  # noqa: ANN001
+def test_slice_column_routes_exactly_as_the_kinesis_source(spark) -> None:
     rng = random.Random(3)
     keys = [f"user-{i}" for i in range(300)] + ["", "é", "日本語", "a\x00b", "🎉"]
     keys += ["".join(rng.choices(string.printable, k=rng.randint(1, 30))) for _ in range(300)]
@@ -47,14 +47,14 @@ def test_slice_column_routes_exactly_as_the_kinesis_source(spark) -> None:  # no
         assert got == [route(k, None, n) for k in keys], n
 
 
-def emit_count(event, ctx) -> None:  # noqa: ANN001
+def emit_count(event, ctx) -> None:
     n = ctx.state.get(0) + 1
     ctx.state.set(n)
     ctx.emit(n)
 
 
 @pytest.mark.slow
-def test_file_fed_outputs_count_each_key_in_stream_order(spark, location, tmp_path) -> None:  # noqa: ANN001
+def test_file_fed_outputs_count_each_key_in_stream_order(spark, location, tmp_path) -> None:
     w = vs_spark.build("small", "uniform", 40, 900, 300, 1, tmp_path / "data")
     src = (
         spark.readStream.schema(vs_spark.SOURCE_SCHEMA)
@@ -67,7 +67,7 @@ def test_file_fed_outputs_count_each_key_in_stream_order(spark, location, tmp_pa
     df = outputs(spark, HandlerFactory(emit_count), cfg, as_records(src, 16, "files"))
     seen: dict[int, list[tuple[str, int]]] = {}
 
-    def collect(batch, batch_id: int) -> None:  # noqa: ANN001
+    def collect(batch, batch_id: int) -> None:
         rows = batch.where("kind = 'out'").orderBy("slice", "seq").collect()
         seen[batch_id] = [(r.key, json.loads(r.value)) for r in rows]
 
@@ -96,7 +96,7 @@ def test_file_fed_outputs_count_each_key_in_stream_order(spark, location, tmp_pa
 
 
 @pytest.mark.slow
-def test_harness_runs_and_checks_spark_sql_and_shardless(spark, aws, tmp_path) -> None:  # noqa: ANN001
+def test_harness_runs_and_checks_spark_sql_and_shardless(spark, aws, tmp_path) -> None:
     w = vs_spark.build("tiny", "uniform", 50, 600, 200, 2, tmp_path / "data")
     spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
     moto = aws.pids[0]
@@ -153,7 +153,7 @@ def test_a_groups_return_in_the_timeline_counts_its_input_and_the_trip_to_its_ow
 def test_every_contender_warms_the_session_up_unmeasured_before_the_first_run(
     spark,
     aws,
-    tmp_path,  # noqa: ANN001
+    tmp_path,
 ) -> None:
     spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
     args = argparse.Namespace(
@@ -193,12 +193,12 @@ def test_goals_are_judged_for_the_default_and_the_few_slices_contender() -> None
     assert [vs_spark.slices_of(c, args) for c in vs_spark.SHARDLESS] == [256, 256, 32, 256]
 
 
-def test_measure_warms_every_contender_up_before_any_measured_run(monkeypatch, tmp_path) -> None:  # noqa: ANN001
+def test_measure_warms_every_contender_up_before_any_measured_run(monkeypatch, tmp_path) -> None:
     """The order only (the runs themselves are checked above): no contender is measured
     before every contender has had its warm-up batches in the session."""
     calls: list[tuple[str, str, int]] = []
 
-    def fake_run(contender, spark, w, batches, *rest):  # noqa: ANN001, ANN202
+    def fake_run(contender, spark, w, batches, *rest):
         calls.append((w.name, contender, batches))
         r = vs_spark.Run(contender)
         r.records, r.seconds = [w.sizes[0]] * batches, [1.0] * batches
@@ -228,12 +228,12 @@ def test_measure_warms_every_contender_up_before_any_measured_run(monkeypatch, t
 
 def test_also_batch_reruns_everything_in_the_other_batch_size_and_judges_its_goals(
     monkeypatch, tmp_path
-) -> None:  # noqa: ANN001
+) -> None:
     """The rerun measures every contender and workload again in batches of --also-batch
     records, leaves the first run's arguments alone, and judges the goals on its own rates."""
     calls: list[tuple[str, str, int, int]] = []
 
-    def fake_run(contender, spark, w, batches, *rest):  # noqa: ANN001, ANN202
+    def fake_run(contender, spark, w, batches, *rest):
         calls.append((w.name, contender, batches, w.sizes[0]))
         r = vs_spark.Run(contender)
         rate = {"shardless": 110_000, "apply_in_pandas_with_state": 10_000}.get(contender, 1)
