@@ -187,6 +187,10 @@ class MapState:
 
 
 _MISSING = object()
+_MSGPACK, _MSGPACK_BYTE, _MAX_VALUE_BYTES = (
+    encoding.MSGPACK, encoding.MSGPACK_BYTE, encoding.MAX_VALUE_BYTES
+)  # fmt: skip
+_pack, _unpack = encoding.pack_msgpack, encoding.unpack_msgpack
 
 
 class KeyedState:
@@ -209,18 +213,26 @@ class KeyedState:
         raw = self._v.tx.get(self._db_key)
         if raw is None:
             return default
-        if raw[0] == encoding.MSGPACK:  # the per-record fast path
-            return encoding.decode_msgpack(raw, self._key)
+        if raw[0] == _MSGPACK:  # the per-record fast path (`encoding.decode_msgpack` inlined)
+            try:
+                return _unpack(raw[1:])
+            except Exception:  # noqa: BLE001, S110 - `read` below raises the precise error
+                pass
         return self._v.read(self._db_key, default, self._key)
 
     def set(self, value: Any, ttl_ms: int | None = None, on: str = "processing") -> None:
         """Store a value; with `ttl_ms` it expires that long after the batch's processing time
         (`on="processing"`) or the watermark (`on="event"`)."""
         v = self._v
-        if ttl_ms is None and v.fmt == encoding.MSGPACK:  # the per-record fast path
-            v.tx.put(self._db_key, encoding.encode_msgpack(value, self._key))
-        else:
-            v.write(self._db_key, value, self._key, ttl_ms, on)
+        if ttl_ms is None and v.fmt == _MSGPACK:  # the per-record fast path
+            try:  # `encoding.encode_msgpack` inlined; `write` below raises the precise error
+                payload = _pack(value)
+            except (TypeError, ValueError, OverflowError):
+                payload = b""
+            if 0 < len(payload) <= _MAX_VALUE_BYTES:
+                v.tx.put(self._db_key, _MSGPACK_BYTE + payload)
+                return
+        v.write(self._db_key, value, self._key, ttl_ms, on)
 
     def delete(self) -> None:
         self._v.tx.delete(self._db_key)
@@ -328,6 +340,7 @@ class Context:
         return self._values.watermark_ms
 
     def _bind(self, key: str, db_key: bytes | None = None) -> None:
+        # `processor.task._run_plain` inlines this: a view added here must be bound there
         self.key = key
         self.state._bind(key, keys.data_key(key) if db_key is None else db_key)
         self.timers._key = key

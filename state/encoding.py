@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import pickle
 import struct
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import msgpack
@@ -27,7 +29,7 @@ FORMATS = {"msgpack": MSGPACK, "json": JSON, "raw": RAW, "pickle": PICKLE}
 _TTL_FLAG = 0x80
 _EXPIRY = struct.Struct(">cQ")
 MAX_VALUE_BYTES = 4 * 1024 * 1024
-_MSGPACK_BYTE = bytes((MSGPACK,))
+MSGPACK_BYTE = bytes((MSGPACK,))
 # One Packer for the per-record path: building one per call costs most of a small pack.
 # Its pack() runs in C without releasing the GIL, so threads cannot interleave inside it.
 _pack = msgpack.Packer(use_bin_type=True, datetime=False).pack
@@ -85,13 +87,13 @@ def encode_msgpack(value: Any, key: str) -> bytes:
         return encode(value, key=key)  # raises with the full message
     if len(payload) > MAX_VALUE_BYTES:
         return encode(value, key=key)
-    return _MSGPACK_BYTE + payload
+    return MSGPACK_BYTE + payload
 
 
 def decode_msgpack(raw: bytes, key: str) -> Any:
     """`decode` for a value known to start with the msgpack format byte."""
     try:
-        return _unpackb(raw[1:], raw=False, strict_map_key=False, ext_hook=_no_ext)
+        return unpack_msgpack(raw[1:])
     except Exception:  # noqa: BLE001 - the general path raises the precise error
         return decode(raw, key=key)
 
@@ -105,6 +107,15 @@ def expiry(raw: bytes) -> tuple[bytes, int] | None:
 
 def _no_ext(code: int, data: bytes) -> Any:
     raise ValueError(f"msgpack extension type {code} is not a shardless value")
+
+
+# The per-record path's two halves in C, for callers that inline `encode_msgpack` and
+# `decode_msgpack` to save a Python call per record (`processor.api.KeyedState`): a value
+# that fails either, or is too large, must go on to those functions for its error.
+pack_msgpack: Callable[[Any], bytes] = _pack
+unpack_msgpack: Callable[[bytes], Any] = partial(
+    _unpackb, raw=False, strict_map_key=False, ext_hook=_no_ext
+)
 
 
 def decode(raw: bytes, *, key: str = "?", allow_pickle: bool = False) -> Any:

@@ -15,6 +15,7 @@ prefix. Timestamps are 8-byte big-endian milliseconds, so byte order is time ord
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 
 USER_START = b"\x01"
 DATA = b"d"
@@ -51,6 +52,15 @@ def data_key(key: str) -> bytes:
     if b"\x00" in raw:
         raw = raw.replace(b"\x00", b"\x00\xff")
     return DATA + raw + _TERMINATOR
+
+
+def data_keys(record_keys: Iterable[str]) -> dict[str, bytes]:
+    """`data_key` of each distinct key, in first-seen order: one pass over the whole batch
+    looks for NULs, so keys without one skip the per-key check and call."""
+    distinct = dict.fromkeys(record_keys)
+    if "\x00" in "".join(distinct):
+        return {k: data_key(k) for k in distinct}
+    return {k: DATA + k.encode("utf-8") + _TERMINATOR for k in distinct}
 
 
 def record_key(db_key: bytes) -> str:

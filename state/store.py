@@ -127,7 +127,7 @@ class SliceStore:
         if undo is None:
             wb.delete(UNDO_KEY)
         else:
-            wb.put(UNDO_KEY, msgpack.packb([version, [list(c) for c in undo], self.tag]))
+            wb.put(UNDO_KEY, msgpack.packb([version, undo, self.tag]))  # tuples pack as arrays
         self._db.write(wb)
 
     def roll_back(self) -> bool:

@@ -3,10 +3,12 @@ handlers, timers, TTL and value formats, on the production state code."""
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 
 from processor.errors import AppError, ProcessorError
 from processor.testing import TestDriver
+from state import encoding, keys
 from state.errors import EncodingError
 
 
@@ -290,3 +292,50 @@ def test_a_handler_class_without_process_is_refused():
 
     with pytest.raises(AppError, match="must define process"):
         TestDriver(NoProcess)
+
+
+def test_each_view_follows_the_record_key_across_interleaved_keys_of_one_slice():
+    def handler(event, ctx):
+        ctx.state.set(ctx.state.get(0) + 1)
+        ctx.state.map.set(event.data.decode(), ctx.key)
+        ctx.timers.set(ctx.now_ms + 1_000)
+        ctx.emit(ctx.key)
+
+    d = TestDriver(handler, slices=1)
+    for i, k in enumerate(["a", "b", "a", "c", "b", "a"]):
+        d.send(k, str(i))
+    assert [k == v for k, v in d.run_batch()] == [True] * 6
+    assert [d.state(k) for k in "abc"] == [3, 2, 1]
+    assert d.map_state("a") == {"0": "a", "2": "a", "5": "a"}
+    assert d.map_state("b") == {"1": "b", "4": "b"} and d.map_state("c") == {"3": "c"}
+    assert [[t.key for t in d.timers(k)] for k in "abc"] == [["a"], ["b"], ["c"]]
+
+
+def test_a_value_over_the_size_limit_names_the_key_and_is_not_stored():
+    def handler(event, ctx):
+        ctx.state.set(b"x" * (encoding.MAX_VALUE_BYTES + 1) if event.data == b"big" else 1)
+
+    d = TestDriver(handler)
+    d.send("small", b"")
+    d.send("user-7", b"big")
+    with pytest.raises(ProcessorError, match="key 'user-7'.*over the limit"):
+        d.run_batch()
+    assert d.state("user-7") is None and d.state("small") is None  # the batch left nothing
+
+
+@pytest.mark.parametrize(
+    ("stored", "why"),
+    [
+        (b"\x01\xc1", "msgpack"),  # 0xc1 is never used by msgpack
+        (b"\x01" + msgpack.packb(msgpack.ExtType(5, b"x")), "extension type 5"),
+        (b"\x01\x92\x01", "msgpack"),  # an array of two with one element
+    ],
+)
+def test_a_stored_value_that_cannot_be_read_names_the_key(stored, why):
+    d = TestDriver(counter)
+    store = d._store(d._slice("user-3"))
+    store.commit([(keys.data_key("user-3"), stored)], store.version + 1)
+    d.send("user-3", b"")
+    with pytest.raises(ProcessorError, match=f"key 'user-3'.*{why}") as caught:
+        d.run_batch()
+    assert isinstance(caught.value.__cause__, EncodingError)

@@ -18,6 +18,7 @@ from state.keys import (
     META,
     VERSION_KEY,
     data_key,
+    data_keys,
     escape,
     is_data_key,
     record_key,
@@ -48,6 +49,14 @@ def test_encode_then_decode_round_trips_plain_values(value: object) -> None:
     back = decode(raw, key="k")
     assert back == value
     assert type(back) is type(value)
+
+
+@given(plain_values)
+def test_the_inlined_msgpack_halves_agree_with_encode_and_decode(value: object) -> None:
+    """`processor.api` inlines `encode_msgpack` and `decode_msgpack` with these."""
+    raw = encoding.MSGPACK_BYTE + encoding.pack_msgpack(value)
+    assert raw == encode(value) == encoding.encode_msgpack(value, "k")
+    assert encoding.unpack_msgpack(raw[1:]) == decode(raw) == encoding.decode_msgpack(raw, "k")
 
 
 def test_encode_keeps_bytes_and_str_distinct() -> None:
@@ -154,6 +163,15 @@ def test_data_keys_of_distinct_keys_are_prefix_free(a: str, b: str) -> None:
 def test_data_key_of_a_nul_extension_sorts_after_the_key_and_is_not_its_prefix() -> None:
     assert data_key("x") < data_key("x\x00") < data_key("x\x00\x00") < data_key("x\x01")
     assert not data_key("x\x00").startswith(data_key("x"))
+
+
+@given(st.lists(key_text, max_size=20))
+def test_data_keys_gives_each_distinct_keys_data_key_in_first_seen_order(
+    record_keys: list[str],
+) -> None:
+    got = data_keys(record_keys)
+    assert list(got) == list(dict.fromkeys(record_keys))
+    assert got == {k: data_key(k) for k in record_keys}
 
 
 @given(key_text)
