@@ -216,7 +216,7 @@ class KeyedState:
         if raw[0] == _MSGPACK:  # the per-record fast path (`encoding.decode_msgpack` inlined)
             try:
                 return _unpack(raw[1:])
-            except Exception:  # noqa: BLE001, S110 - `read` below raises the precise error
+            except Exception:  # noqa: BLE001 - `read` below raises the precise error
                 pass
         return self._v.read(self._db_key, default, self._key)
 

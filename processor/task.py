@@ -114,7 +114,7 @@ def _run_plain(
 def _handler_failed(
     event: Event | None, slice_id: int, batch_id: int, exc: Exception
 ) -> ProcessorError:
-    where = f"record {event.coordinates()} (key {event.key!r}, " if event else "("
+    where = f"record {event.coordinates()} (key {event.key!r}, " if event is not None else "("
     return ProcessorError(
         f"handler failed on {where}slice {slice_id}, batch {batch_id}): "
         f"{type(exc).__name__}: {exc}; --on-handler-error dead-letter sets such records "
