@@ -225,13 +225,14 @@ class KeyedState:
         (`on="processing"`) or the watermark (`on="event"`)."""
         v = self._v
         if ttl_ms is None and v.fmt == _MSGPACK:  # the per-record fast path
-            try:  # `encoding.encode_msgpack` inlined; `write` below raises the precise error
+            try:  # `encoding.encode_msgpack` inlined
                 payload = _pack(value)
             except (TypeError, ValueError, OverflowError):
-                payload = b""
-            if 0 < len(payload) <= _MAX_VALUE_BYTES:
-                v.tx.put(self._db_key, _MSGPACK_BYTE + payload)
-                return
+                pass  # `write` below raises the precise error
+            else:
+                if len(payload) <= _MAX_VALUE_BYTES:
+                    v.tx.put(self._db_key, _MSGPACK_BYTE + payload)
+                    return
         v.write(self._db_key, value, self._key, ttl_ms, on)
 
     def delete(self) -> None:

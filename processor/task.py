@@ -100,7 +100,6 @@ def _run_plain(
     inlined: the per-record loop of most jobs, where every Python call shows."""
     state, timer_view = ctx.state, ctx.timers
     map_view = state.map
-    event = None
     try:
         for event in events:
             k = event.key
@@ -111,12 +110,10 @@ def _run_plain(
         raise _handler_failed(event, slice_id, batch_id, exc) from exc
 
 
-def _handler_failed(
-    event: Event | None, slice_id: int, batch_id: int, exc: Exception
-) -> ProcessorError:
-    where = f"record {event.coordinates()} (key {event.key!r}, " if event is not None else "("
+def _handler_failed(event: Event, slice_id: int, batch_id: int, exc: Exception) -> ProcessorError:
     return ProcessorError(
-        f"handler failed on {where}slice {slice_id}, batch {batch_id}): "
+        f"handler failed on record {event.coordinates()} (key {event.key!r}, slice "
+        f"{slice_id}, batch {batch_id}): "
         f"{type(exc).__name__}: {exc}; --on-handler-error dead-letter sets such records "
         "aside, --handler-retries N runs them again"
     )

@@ -30,10 +30,21 @@ _TTL_FLAG = 0x80
 _EXPIRY = struct.Struct(">cQ")
 MAX_VALUE_BYTES = 4 * 1024 * 1024
 MSGPACK_BYTE = bytes((MSGPACK,))
-# One Packer for the per-record path: building one per call costs most of a small pack.
-# Its pack() runs in C without releasing the GIL, so threads cannot interleave inside it.
-_pack = msgpack.Packer(use_bin_type=True, datetime=False).pack
-_unpackb = msgpack.unpackb
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise ValueError(f"msgpack extension type {code} is not a shardless value")
+
+
+# The per-record path's two halves, in C. One Packer: building one per call costs most of a
+# small pack; its pack() runs without releasing the GIL, so threads cannot interleave
+# inside it. `processor.api.KeyedState` calls them directly to save a Python call per
+# record: a value that fails either, or is too large, must then go on to
+# `encode_msgpack`/`decode_msgpack` for its error.
+pack_msgpack: Callable[[Any], bytes] = msgpack.Packer(use_bin_type=True, datetime=False).pack
+unpack_msgpack: Callable[[bytes], Any] = partial(
+    msgpack.unpackb, raw=False, strict_map_key=False, ext_hook=_no_ext
+)
 
 
 def format_code(name: str) -> int:
@@ -82,7 +93,7 @@ def encode(
 def encode_msgpack(value: Any, key: str) -> bytes:
     """`encode` for the common case (msgpack, no expiry), on the per-record path."""
     try:
-        payload = _pack(value)
+        payload = pack_msgpack(value)
     except (TypeError, ValueError, OverflowError):
         return encode(value, key=key)  # raises with the full message
     if len(payload) > MAX_VALUE_BYTES:
@@ -105,19 +116,6 @@ def expiry(raw: bytes) -> tuple[bytes, int] | None:
     return None
 
 
-def _no_ext(code: int, data: bytes) -> Any:
-    raise ValueError(f"msgpack extension type {code} is not a shardless value")
-
-
-# The per-record path's two halves in C, for callers that inline `encode_msgpack` and
-# `decode_msgpack` to save a Python call per record (`processor.api.KeyedState`): a value
-# that fails either, or is too large, must go on to those functions for its error.
-pack_msgpack: Callable[[Any], bytes] = _pack
-unpack_msgpack: Callable[[bytes], Any] = partial(
-    _unpackb, raw=False, strict_map_key=False, ext_hook=_no_ext
-)
-
-
 def decode(raw: bytes, *, key: str = "?", allow_pickle: bool = False) -> Any:
     if not raw:
         raise EncodingError(f"key {key!r}: empty stored value")
@@ -128,7 +126,7 @@ def decode(raw: bytes, *, key: str = "?", allow_pickle: bool = False) -> Any:
     try:
         if fmt == MSGPACK:
             # unpackb bounds every container and string by the input's length: no memory bombs.
-            return msgpack.unpackb(payload, raw=False, strict_map_key=False, ext_hook=_no_ext)
+            return unpack_msgpack(payload)
         if fmt == JSON:
             return json.loads(payload)
         if fmt == RAW:

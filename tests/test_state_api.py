@@ -339,3 +339,22 @@ def test_a_stored_value_that_cannot_be_read_names_the_key(stored, why):
     with pytest.raises(ProcessorError, match=f"key 'user-3'.*{why}") as caught:
         d.run_batch()
     assert isinstance(caught.value.__cause__, EncodingError)
+
+
+def test_a_failing_handler_names_its_record_and_key_and_the_batch_leaves_nothing():
+    def handler(event, ctx):
+        ctx.state.set(1)
+        if event.data == b"bad":
+            raise KeyError("no field 'amount'")
+
+    d = TestDriver(handler, slices=1)
+    d.send("a", b"")
+    d.send("user-5", b"bad")
+    d.send("c", b"")
+    with pytest.raises(ProcessorError) as caught:
+        d.run_batch()
+    text = str(caught.value)
+    assert text.startswith("handler failed on record test/shardId-000000000000/2.0 (key 'user-5'")
+    assert "KeyError" in text and "--on-handler-error dead-letter" in text
+    assert isinstance(caught.value.__cause__, KeyError)
+    assert [d.state(k) for k in ("a", "user-5", "c")] == [None, None, None]
