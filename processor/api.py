@@ -187,10 +187,12 @@ class MapState:
 
 
 _MISSING = object()
-_MSGPACK, _MSGPACK_BYTE, _MAX_VALUE_BYTES = (
-    encoding.MSGPACK, encoding.MSGPACK_BYTE, encoding.MAX_VALUE_BYTES
-)  # fmt: skip
-_pack, _unpack = encoding.pack_msgpack, encoding.unpack_msgpack
+# Module globals for KeyedState's per-record fast path: one lookup each instead of two.
+_MSGPACK = encoding.MSGPACK
+_MSGPACK_BYTE = encoding.MSGPACK_BYTE
+_MAX_VALUE_BYTES = encoding.MAX_VALUE_BYTES
+_pack = encoding.pack_msgpack
+_unpack = encoding.unpack_msgpack
 
 
 class KeyedState:
