@@ -5,12 +5,15 @@ with keys to deduplicate by.
 
 Each output row becomes one record, JSON:
 
-    {"batch_id": 12, "seq": 73014444033, "key": "user-7", "value": {...the emitted value...}}
+    {"query": "8f0c…", "batch_id": 12, "seq": 73014444033, "key": "user-7",
+     "value": {...the emitted value...}}
 
-with the row's `key` as partition key, so one key's outputs go to one shard. `seq` is
-unique within the batch: `slice * 2**32 +` the output's position among its slice's outputs.
-Both are fixed by the batch's input (a retried batch yields the same outputs for a
-deterministic handler), so `(batch_id, seq)` names an output for good.
+with the row's `key` as partition key, so one key's outputs go to one shard. `query` is
+Spark's query id (kept in the checkpoint: the same after a restart, new with a new
+checkpoint, whose batch ids start at 0 again). `seq` is unique within the batch:
+`slice * 2**32 +` the output's position among its slice's outputs. All are fixed by the
+batch's input (a retried batch yields the same outputs for a deterministic handler), so
+`(query, batch_id, seq)` names an output for good.
 
 The records are written from the executors (`foreachPartition`), in PutRecords calls of at
 most 500 records and 5 MiB. When Kinesis fails some entries of a call (throttling,
@@ -18,9 +21,9 @@ internal failures), only those are put again, after a jittered exponential backo
 `attempts` calls; then the task fails with `KinesisSinkError`, naming the stream, the batch
 and the error codes seen. Spark retries the task and, if that fails too, the batch: either
 way records already accepted are put again. Kinesis offers no conditional put, so this sink
-is at-least-once: consumers drop records whose `(batch_id, seq)` they have seen. Kinesis
-does not keep the order of records within a PutRecords call across retries either;
-consumers that need a key's outputs in order sort them by `(batch_id, seq)`.
+is at-least-once: consumers drop records whose `(query, batch_id, seq)` they have seen.
+Kinesis does not keep the order of records within a PutRecords call across retries either;
+consumers that need a key's outputs in order sort one query's records by `(batch_id, seq)`.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ MAX_BYTES_PER_CALL = 5 * 1024 * 1024
 MAX_RECORD_BYTES = 1024 * 1024  # data plus partition key
 MAX_PARTITION_KEY = 256
 COLUMNS = ("slice", "seq", "key", "value")
+QUERY_ID_PROPERTY = "sql.streaming.queryId"  # as processor.runtime's, set by Spark
 # Whole-call failures worth another try; anything else (a missing stream, no permission,
 # a bad request) fails at once.
 RETRYABLE = frozenset(
@@ -97,12 +101,15 @@ def kinesis_sink(
     attempts: int = 8,
     base_delay_s: float = 0.05,
     max_delay_s: float = 2.0,
+    query_id: str | None = None,
 ) -> Sink:
     """A sink for `processor.job.start` putting each batch's outputs into `stream`.
 
     `endpoint_url`: a Kinesis endpoint for the executors (default: boto3's own, e.g.
     AWS_ENDPOINT_URL_KINESIS). `attempts`: PutRecords calls per chunk of records before
     the task fails; backoff between them is uniform in [0, min(max, base * 2**attempt)].
+    `query_id`: the records' `query` when the sink is called outside a streaming query
+    (inside one, Spark's query id is used).
     """
     cfg = SinkConfig(stream, endpoint_url, attempts, base_delay_s, max_delay_s)
 
@@ -113,20 +120,28 @@ def kinesis_sink(
                 f"kinesis_sink({stream!r}): the batch has no column(s) {missing}; it writes a "
                 f"shardless job's outputs (columns {list(COLUMNS)}), found {df.columns}"
             )
-        df.select(*COLUMNS).foreachPartition(partial(put_rows, cfg, batch_id))
+        query = df.sparkSession.sparkContext.getLocalProperty(QUERY_ID_PROPERTY) or query_id
+        if not query:
+            raise ConfigError(
+                f"kinesis_sink({stream!r}): batch {batch_id} is not run by a streaming query "
+                "(no sql.streaming.queryId), so its records could not be told from another "
+                "query's batch of the same id: give kinesis_sink(..., query_id=...)"
+            )
+        df.select(*COLUMNS).foreachPartition(partial(put_rows, cfg, query, batch_id))
 
     return write
 
 
-def record(batch_id: int, slice_id: int, seq: int, key: str | None, value: str) -> dict:
-    """The PutRecords entry for one output row."""
+def record(query: str, batch_id: int, slice_id: int, seq: int, key: str | None, value: str) -> dict:
+    """The PutRecords entry for one output row of `query`'s batch `batch_id`."""
     n = (int(slice_id) << 32) | int(seq)
     try:
         parsed: Any = json.loads(value)
     except (TypeError, ValueError):
         parsed = value
     data = json.dumps(
-        {"batch_id": batch_id, "seq": n, "key": key, "value": parsed}, separators=(",", ":")
+        {"query": query, "batch_id": batch_id, "seq": n, "key": key, "value": parsed},
+        separators=(",", ":"),
     ).encode()
     partition_key = key[:MAX_PARTITION_KEY] if key else f"{batch_id}:{n}"
     size = len(data) + len(partition_key.encode())
@@ -153,10 +168,10 @@ def chunks(entries: Iterable[dict]) -> Iterator[list[dict]]:
         yield chunk
 
 
-def put_rows(cfg: SinkConfig, batch_id: int, rows: Iterable[Any]) -> None:
+def put_rows(cfg: SinkConfig, query: str, batch_id: int, rows: Iterable[Any]) -> None:
     """Put one Spark partition's output rows (runs on an executor)."""
     kinesis = client(cfg.endpoint_url)
-    entries = (record(batch_id, r["slice"], r["seq"], r["key"], r["value"]) for r in rows)
+    entries = (record(query, batch_id, r["slice"], r["seq"], r["key"], r["value"]) for r in rows)
     for chunk in chunks(entries):
         put_all(kinesis, cfg, batch_id, chunk)
 
@@ -199,7 +214,7 @@ def put_all(
         f"{len(pending)} of {len(entries)} records of batch {batch_id} could not be put into "
         f"Kinesis stream {cfg.stream!r} after {cfg.attempts} attempts (failures: {codes}); "
         "the batch fails and is retried, which may put records twice: consumers "
-        "deduplicate by (batch_id, seq)"
+        "deduplicate by (query, batch_id, seq)"
     )
 
 

@@ -1,7 +1,7 @@
 """The Kinesis sink against kinesalite, with a fault proxy failing single PutRecords
 entries: every output lands, only failed entries are put again, a persistent failure names
 the stream and the codes, and the duplicates of a retried batch are dropped by
-(batch_id, seq)."""
+(query, batch_id, seq)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections import Counter
 
 import pytest
 
+from processor.errors import ConfigError
 from processor.faults.proxy import PartialFailure, Proxy
 from processor.kinesis.shards import stream_records
 from processor.kinesis_sink import (
@@ -58,7 +59,7 @@ def partial_proxy(aws):  # noqa: ANN001, ANN201
 def test_every_output_lands_once_keyed_and_numbered(spark, kinesis, make_stream):
     stream = make_stream(3)
     df, rows = outputs(spark, 1_300, batch_id=7)
-    kinesis_sink(stream, base_delay_s=0.001)(df, 7)
+    kinesis_sink(stream, base_delay_s=0.001, query_id="q")(df, 7)
     got = read_stream(kinesis, stream)
     assert len(got) == len(rows)
     by_id = {(d["batch_id"], d["seq"]): (pk, d) for pk, d in got}
@@ -69,9 +70,9 @@ def test_every_output_lands_once_keyed_and_numbered(spark, kinesis, make_stream)
 
 
 def test_calls_hold_at_most_500_records_and_5_mib():
-    small = [record(1, 0, i, "k", "1") for i in range(1_201)]
+    small = [record("q", 1, 0, i, "k", "1") for i in range(1_201)]
     assert [len(c) for c in chunks(small)] == [500, 500, 201]
-    big = [record(1, 0, i, "k", json.dumps("x" * 400_000)) for i in range(30)]
+    big = [record("q", 1, 0, i, "k", json.dumps("x" * 400_000)) for i in range(30)]
     sizes = [sum(len(e["Data"]) + len(e["PartitionKey"]) for e in c) for c in chunks(big)]
     assert len(sizes) == 3 and all(s <= MAX_BYTES_PER_CALL for s in sizes)
     assert max(len(c) for c in chunks(big)) < MAX_RECORDS_PER_CALL
@@ -79,17 +80,19 @@ def test_calls_hold_at_most_500_records_and_5_mib():
 
 def test_an_output_too_big_for_a_record_is_refused_with_its_coordinates():
     with pytest.raises(KinesisSinkError, match=r"batch 3 \(key 'user-1'\) is \d+ bytes"):
-        record(3, 2, 5, "user-1", json.dumps("x" * (1024 * 1024)))
+        record("q", 3, 2, 5, "user-1", json.dumps("x" * (1024 * 1024)))
 
 
 def test_partial_failures_retry_only_the_failed_entries(spark, kinesis, make_stream, partial_proxy):
     stream = make_stream(2)
     partial_proxy.set_partial(PartialFailure(probability=0.3))
     df, rows = outputs(spark, 1_200, batch_id=2)
-    kinesis_sink(stream, endpoint_url=partial_proxy.url, attempts=30, base_delay_s=0.001)(df, 2)
+    kinesis_sink(
+        stream, endpoint_url=partial_proxy.url, attempts=30, base_delay_s=0.001, query_id="q"
+    )(df, 2)
     assert partial_proxy.entries_failed > 100 and partial_proxy.calls_altered >= 3
     calls = partial_proxy.counts()[("kinesis", "PutRecords")]
-    assert calls > len(list(chunks(record(2, 0, i, "k", "1") for i in range(400)))) * 3
+    assert calls > len(list(chunks(record("q", 2, 0, i, "k", "1") for i in range(400)))) * 3
     got = read_stream(kinesis, stream)
     # failed entries never reached the stream and were put again alone: no duplicates
     assert sorted((d["batch_id"], d["seq"]) for _, d in got) == sorted(expected(rows))
@@ -102,7 +105,9 @@ def test_persistent_throttling_fails_the_batch_naming_stream_and_codes(
     partial_proxy.set_partial(PartialFailure(probability=1.0))
     df, _ = outputs(spark, 10, batch_id=5, partitions=1)
     with pytest.raises(Exception) as raised:
-        kinesis_sink(stream, endpoint_url=partial_proxy.url, attempts=3, base_delay_s=0.001)(df, 5)
+        kinesis_sink(
+            stream, endpoint_url=partial_proxy.url, attempts=3, base_delay_s=0.001, query_id="q"
+        )(df, 5)
     message = str(raised.value)
     assert "KinesisSinkError" in message
     assert (
@@ -117,17 +122,19 @@ def test_a_missing_stream_fails_at_once_with_the_code(aws):  # noqa: ANN001
 
     cfg = SinkConfig("no-such-stream", attempts=5, base_delay_s=0.001)
     with pytest.raises(KinesisSinkError, match="'no-such-stream': ResourceNotFoundException"):
-        put_all(boto3.client("kinesis"), cfg, 1, [record(1, 0, 0, "k", "1")])
+        put_all(boto3.client("kinesis"), cfg, 1, [record("q", 1, 0, 0, "k", "1")])
 
 
-def test_duplicates_of_a_retried_batch_and_lost_answers_are_dropped_by_batch_and_seq(
+def test_duplicates_of_a_retried_batch_and_lost_answers_are_dropped_by_query_batch_and_seq(
     spark, kinesis, make_stream, partial_proxy
 ):
     """Entries written but reported failed are put again, and Spark running a batch again
     puts all of it again: the stream holds duplicates, identical per (batch_id, seq)."""
     stream = make_stream(2)
     partial_proxy.set_partial(PartialFailure(probability=0.2, applied=True))
-    sink = kinesis_sink(stream, endpoint_url=partial_proxy.url, attempts=30, base_delay_s=0.001)
+    sink = kinesis_sink(
+        stream, endpoint_url=partial_proxy.url, attempts=30, base_delay_s=0.001, query_id="q"
+    )
     df, rows = outputs(spark, 600, batch_id=4)
     sink(df, 4)
     sink(df, 4)  # the batch again, as after a failure between the sink and the checkpoint
@@ -136,9 +143,45 @@ def test_duplicates_of_a_retried_batch_and_lost_answers_are_dropped_by_batch_and
     got = read_stream(kinesis, stream)
     assert partial_proxy.entries_failed > 0
     assert len(got) >= 2 * len(rows) + len(later_rows) + partial_proxy.entries_failed
-    deduplicated: dict[tuple[int, int], dict] = {}
+    deduplicated: dict[tuple[str, int, int], dict] = {}
     for _, data in got:
-        ident = (data["batch_id"], data["seq"])
+        ident = (data["query"], data["batch_id"], data["seq"])
         assert deduplicated.setdefault(ident, data) == data  # a duplicate is the same record
     want = expected(rows) | expected(later_rows)
-    assert {k: (d["key"], d["value"]) for k, d in deduplicated.items()} == want
+    assert {(b, n): (d["key"], d["value"]) for (q, b, n), d in deduplicated.items()} == want
+
+
+def test_two_queries_batch_0_are_told_apart_by_their_query(spark, kinesis, make_stream, tmp_path):
+    """Batch ids restart at 0 in every new checkpoint: a second query's batch 0 is not an
+    old query's batch 0. Each record names its query (Spark's persistent query id), and
+    (query, batch_id, seq) is unique across queries."""
+    stream = make_stream(1)
+    source = tmp_path / "in"
+    source.mkdir()
+    rows = [{"slice": s, "seq": 0, "key": f"user-{s}", "value": json.dumps(s)} for s in range(3)]
+    (source / "part.json").write_text("\n".join(json.dumps(r) for r in rows))
+    sink = kinesis_sink(stream, base_delay_s=0.001)
+    ids = []
+    for n in range(2):
+        query = (
+            spark.readStream.schema("slice int, seq int, key string, value string")
+            .json(str(source))
+            .writeStream.option("checkpointLocation", str(tmp_path / f"ck{n}"))
+            .foreachBatch(sink)
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        ids.append(str(query.id))
+    got = read_stream(kinesis, stream)
+    assert len(got) == 6 and ids[0] != ids[1]
+    assert sorted({d["query"] for _, d in got}) == sorted(ids)
+    assert len({(d["query"], d["batch_id"], d["seq"]) for _, d in got}) == 6
+    assert {d["batch_id"] for _, d in got} == {0}
+
+
+def test_the_sink_outside_a_query_needs_a_query_id(spark, make_stream):
+    stream = make_stream(1)
+    df, _ = outputs(spark, 3, batch_id=0, partitions=1)
+    with pytest.raises(ConfigError, match="query_id"):
+        kinesis_sink(stream)(df, 0)
