@@ -24,16 +24,40 @@ S3 (immutable, uniquely named objects under the application's prefix):
 from __future__ import annotations
 
 import os
+import re
 import threading
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgpack
 
+from changelog.errors import ConfigurationError
+
 APP_PK = "app"
 META_SK = "meta"
 HEAD_SK = "head"
 FORMAT = 1
+
+
+APP_NAME_RULE = (
+    "use 1 to 53 lower-case letters, digits and '-', starting and ending with a letter or "
+    "digit (it names the bucket shardless-<app>, the table and a local directory)"
+)
+_APP_NAME = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,51}[a-z0-9])?")
+_RESERVED_BUCKET_SUFFIXES = ("-s3alias", "--ol-s3", "--x-s3")
+
+
+def check_app_name(app: str) -> str:
+    """`app` if it makes a valid S3 bucket `shardless-<app>` and a plain directory name,
+    else ConfigurationError naming it and the rule."""
+    if not isinstance(app, str) or not _APP_NAME.fullmatch(app):
+        raise ConfigurationError(f"application name {app!r}: {APP_NAME_RULE}")
+    if app.endswith(_RESERVED_BUCKET_SUFFIXES):
+        raise ConfigurationError(
+            f"application name {app!r}: {APP_NAME_RULE}; S3 reserves bucket names ending "
+            f"in {', '.join(_RESERVED_BUCKET_SUFFIXES)}"
+        )
+    return app
 
 
 @dataclass(frozen=True)
@@ -47,6 +71,9 @@ class AppLocation:
 
     @classmethod
     def default(cls, app: str) -> AppLocation:
+        """The application's own bucket, prefix and table; ConfigurationError for a name
+        that `check_app_name` refuses."""
+        check_app_name(app)
         return cls(app=app, bucket=f"shardless-{app}", prefix=app, table=f"shardless-{app}")
 
     def key(self, rest: str) -> str:

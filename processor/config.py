@@ -6,7 +6,8 @@ import os
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
-from changelog.layout import AppLocation
+from changelog.errors import ConfigurationError
+from changelog.layout import AppLocation, check_app_name
 from processor.dead_letter import target
 from processor.errors import ConfigError
 from processor.kinesis.positions import check_starting
@@ -75,11 +76,10 @@ class JobConfig:
     dead_letter: str | None = None
 
     def __post_init__(self) -> None:
-        if not self.app or not all(c.isalnum() or c in "-_." for c in self.app):
-            raise ConfigError(
-                f"app name {self.app!r}: use letters, digits, '-', '_' or '.' (it names the "
-                "bucket and table)"
-            )
+        try:
+            check_app_name(self.app)
+        except ConfigurationError as exc:
+            raise ConfigError(f"--app: {exc}") from exc
         if not self.streams:
             raise ConfigError("no Kinesis stream given: pass at least one --stream")
         try:
