@@ -2,15 +2,24 @@
 once and shared by every later snapshot that still contains them.
 
 A snapshot is a manifest object naming the SST objects of a checkpoint and carrying its
-small mutable files (CURRENT, MANIFEST-*, OPTIONS-*) inline. SST files are immutable and
-a store never reuses a file name, so a file the previous snapshot already uploaded (same
-name and size) is referenced again rather than uploaded: a snapshot costs the bytes
-written since the last one, plus compaction output.
+small mutable files (CURRENT, MANIFEST-*, OPTIONS-*) inline. A file the previous snapshot
+already uploaded is referenced again rather than uploaded when it is the same file: same
+name, size and CRC-32. Name and size are not enough: the previous snapshot may come from
+another store of the slice (another worker, a store caught up from the log or restored on
+another host), whose 000009.sst is another file of the same name, often of the same size
+(RocksDB then refuses the restored store: "Mismatch in unique ID on table file"). The
+checksum of a local file is computed once per process and file (kept by device, inode,
+size and modification time: a checkpoint hard-links the store's files, and a file this
+process uploaded or downloaded is known already), so a snapshot costs the bytes written
+since the last one, plus compaction output, and rereads only files it has never seen.
 
     manifest := b"SHMF" u8:format u32:len msgpack(body) u32:crc32(body)
     body     := {app, slice, version, uid, created_ms, files: [[name, key, size, crc32]],
                  inline: {name: bytes}}
     sst      := b"SHST" u8:format u32:crc32(file) u64:size file
+
+Every file name in a manifest must be one RocksDB writes (`FILE_NAMES`, `INLINE_NAMES`):
+a forged manifest cannot write outside the directory it is restored into.
 
 Restore fetches the manifest, downloads the SST objects in parallel (verifying each
 checksum as it streams to disk), writes the inline files and opens the directory.
@@ -110,6 +119,25 @@ def encode_manifest(m: Manifest) -> bytes:
     )
 
 
+# The names RocksDB gives the files of a checkpoint: table files, and the small ones a
+# manifest carries inline (rocksdict adds its config file).
+FILE_NAMES = re.compile(r"[0-9]{6,}\.sst")
+INLINE_NAMES = re.compile(
+    r"CURRENT|IDENTITY|MANIFEST-[0-9]{6,}|OPTIONS-[0-9]{6,}|[0-9]{6,}\.log|rocksdict-config\.json"
+)
+
+
+def check_names(m: Manifest, where: str) -> None:
+    """Refuse a manifest naming a file RocksDB would not write (such as "../x")."""
+    for names, pattern in (([f.name for f in m.files], FILE_NAMES), (m.inline, INLINE_NAMES)):
+        for name in names:
+            if not isinstance(name, str) or not pattern.fullmatch(name):
+                raise CorruptObjectError(
+                    f"{where}: manifest names a file {name!r} that is not a RocksDB file "
+                    "name; refusing to load"
+                )
+
+
 def decode_manifest(raw: bytes, *, where: str) -> Manifest:
     if len(raw) < _MANIFEST.size + 4:
         raise CorruptObjectError(f"{where}: manifest truncated ({len(raw)} bytes)")
@@ -126,17 +154,19 @@ def decode_manifest(raw: bytes, *, where: str) -> Manifest:
         raise CorruptObjectError(f"{where}: manifest checksum mismatch; refusing to load")
     try:
         d = msgpack.unpackb(body, raw=False)
-        return Manifest(
+        m = Manifest(
             app=d["app"],
             slice=int(d["slice"]),
             version=int(d["version"]),
             uid=d["uid"],
             created_ms=int(d["created_ms"]),
             files=tuple(SstFile(n, k, int(s), int(c)) for n, k, s, c in d["files"]),
-            inline={str(k): bytes(v) for k, v in d["inline"].items()},
+            inline={k: bytes(v) for k, v in d["inline"].items()},
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise CorruptObjectError(f"{where}: manifest body unreadable ({exc!r})") from exc
+    check_names(m, where)
+    return m
 
 
 class _ManifestCache:
@@ -228,13 +258,61 @@ def _file_crc(path: Path) -> int:
     return crc
 
 
+class _CrcCache:
+    """CRC-32s of local files this process has read, written or checksummed, by device,
+    inode, size and modification time: an SST file never changes once written, and a
+    checkpoint's hard link to it has the same inode."""
+
+    def __init__(self, size: int = 1 << 16) -> None:
+        self.size = size
+        self._items: OrderedDict[tuple[int, int, int, int], int] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(path: Path) -> tuple[int, int, int, int]:
+        st = path.stat()
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def put(self, path: Path, crc: int) -> None:
+        key = self._key(path)
+        with self._lock:
+            self._items[key] = crc
+            self._items.move_to_end(key)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+    def crc(self, path: Path) -> int:
+        """The file's CRC-32, read from disk only the first time."""
+        key = self._key(path)
+        with self._lock:
+            found = self._items.get(key)
+        if found is None:
+            found = _file_crc(path)
+            self.put(path, found)
+        return found
+
+
+local_crcs = _CrcCache()
+
+
 def _upload_sst(loc: AppLocation, key: str, path: Path, size: int) -> int:
-    crc = _file_crc(path)
-    header = _SST.pack(SST_MAGIC, FORMAT, crc, size)
-    with open(path, "rb") as f:
-        body = header + f.read()
-    aws.client("s3").put_object(Bucket=loc.bucket, Key=key, Body=body)
+    data = path.read_bytes()
+    crc = zlib.crc32(data)
+    local_crcs.put(path, crc)
+    aws.client("s3").put_object(
+        Bucket=loc.bucket, Key=key, Body=_SST.pack(SST_MAGIC, FORMAT, crc, size) + data
+    )
     return crc
+
+
+def _share_or_upload(
+    loc: AppLocation, key: str, path: Path, size: int, previous: SstFile | None
+) -> tuple[SstFile, int]:
+    """The previous snapshot's object for the file at `path` when it holds the same bytes
+    (same CRC-32), else a new object; and the bytes uploaded."""
+    if previous is not None and local_crcs.crc(path) == previous.crc32:
+        return previous, 0
+    return SstFile(path.name, key, size, _upload_sst(loc, key, path, size)), size
 
 
 def write_snapshot(
@@ -245,29 +323,26 @@ def write_snapshot(
     previous: Manifest | None,
 ) -> tuple[SnapRef, Manifest, int]:
     """Upload the checkpoint directory of a store at `version`; return its reference, its
-    manifest and the bytes uploaded (files shared with `previous` are not uploaded again)."""
+    manifest and the bytes uploaded (files of `previous` with the same name, size and
+    checksum are shared, not uploaded again)."""
     uid = new_uid()
     known = {(f.name, f.size): f for f in previous.files} if previous else {}
-    files: list[SstFile] = []
     inline: dict[str, bytes] = {}
     uploads = []
     for path in sorted(checkpoint.iterdir()):
         size = path.stat().st_size
         if path.suffix == ".sst":
-            reuse = known.get((path.name, size))
-            if reuse is not None:
-                files.append(reuse)
-                continue
             key = sst_key(loc, slice_id, uid, path.name)
-            uploads.append(
-                (path.name, key, size, file_pool().submit(_upload_sst, loc, key, path, size))
-            )
+            same = known.get((path.name, size))
+            uploads.append(file_pool().submit(_share_or_upload, loc, key, path, size, same))
         elif path.is_file() and not (path.suffix == ".log" and size == 0):
             inline[path.name] = path.read_bytes()
+    files: list[SstFile] = []
     uploaded = 0
-    for name, key, size, future in uploads:
-        files.append(SstFile(name, key, size, future.result()))
-        uploaded += size
+    for future in uploads:
+        f, sent = future.result()
+        files.append(f)
+        uploaded += sent
     m = Manifest(
         app=loc.app,
         slice=slice_id,
@@ -356,15 +431,12 @@ def download_sst(bucket: str, f: SstFile, dest: Path, on_bytes: OnBytes = _ignor
             f"{where}: content does not match its checksum ({written} bytes, crc {got:08x}; "
             f"expected {f.size} bytes, crc {f.crc32:08x}); refusing to load"
         )
+    local_crcs.put(dest / f.name, got)  # the restored store's next snapshot shares it
     return written
 
 
 def _inline_names(m: Manifest) -> None:
-    for name in m.inline:
-        if "/" in name or name.startswith(".") or not name:
-            raise CorruptObjectError(
-                f"manifest of slice {m.slice} v{m.version}: bad file name {name!r}"
-            )
+    check_names(m, f"manifest of slice {m.slice} v{m.version}")
 
 
 class Transfers(Protocol):
