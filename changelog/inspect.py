@@ -2,7 +2,8 @@
 
 A slice is materialised into a scratch directory (the newest snapshot at or below the
 version plus the log after it, verified as a restore is) and read there; nothing running
-is touched.
+is touched. Pickled values are decoded only when the caller passes `allow_pickle`: whoever
+can write the bucket chooses what unpickling runs.
 """
 
 from __future__ import annotations
@@ -105,8 +106,11 @@ def entries(
     prefix: str | None = None,
     start: str | None = None,
     stop: str | None = None,
+    allow_pickle: bool = False,
 ) -> Iterator[Entry]:
-    """Decoded values and map entries of one key, a key prefix, or a key range [start, stop)."""
+    """Decoded values and map entries of one key, a key prefix, or a key range [start, stop).
+
+    A pickled value raises `StateQueryError` unless `allow_pickle` (trusted buckets only)."""
     if store is None:
         return
     if key is not None:
@@ -121,12 +125,23 @@ def entries(
     for db_key, raw in store.items(lo, hi):
         k = record_key(db_key)
         if is_value_key(db_key):
-            yield Entry(slice_id, k, None, encoding.decode(raw, key=k, allow_pickle=True), version)
+            yield Entry(slice_id, k, None, _decode(raw, k, slice_id, allow_pickle), version)
             continue
         rest = db_key[len(data_key(k)) :]
         if rest.startswith(MAP):
             sub = rest[len(MAP) :].replace(b"\x00\xff", b"\x00").decode("utf-8")
-            yield Entry(slice_id, k, sub, encoding.decode(raw, key=k, allow_pickle=True), version)
+            yield Entry(slice_id, k, sub, _decode(raw, k, slice_id, allow_pickle), version)
+
+
+def _decode(raw: bytes, key: str, slice_id: int, allow_pickle: bool) -> Any:
+    if not allow_pickle and raw and raw[0] & 0x7F == encoding.PICKLE:
+        raise StateQueryError(
+            f"slice {slice_id}, key {key!r}: the stored value is pickled, and unpickling runs "
+            "whatever code the writer chose; refused. Pass --allow-pickle (the shardless_state "
+            "source: option allowPickle=true) only if you trust everyone who can write the "
+            "bucket"
+        )
+    return encoding.decode(raw, key=key, allow_pickle=allow_pickle)
 
 
 @dataclass

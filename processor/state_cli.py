@@ -170,7 +170,7 @@ def _get(args: argparse.Namespace) -> int:
         raise StateQueryError(f"--slice {s}: the application has slices 0..{slices - 1}")
     version = targets(heads, [s], version=args.version, batch=args.batch, query=args.query)[s]
     with opened(DurableState(loc), heads.get(s), slices, version) as store:
-        found = list(entries(store, s, key=args.key))
+        found = list(entries(store, s, key=args.key, allow_pickle=args.allow_pickle))
     value = next((e.value for e in found if e.sub is None), None)
     mapped = {e.sub: e.value for e in found if e.sub is not None}
     data = {
@@ -204,8 +204,9 @@ def _scan(args: argparse.Namespace) -> int:
         for s in wanted:
             with opened(durable, heads.get(s), slices, versions[s]) as store:
                 for e in entries(
-                    store, s, prefix=args.key_prefix, start=args.start, stop=args.stop
-                ):
+                    store, s, prefix=args.key_prefix, start=args.start, stop=args.stop,
+                    allow_pickle=args.allow_pickle,
+                ):  # fmt: skip
                     if args.limit and len(out) >= args.limit:
                         truncated = True
                         break
@@ -244,6 +245,7 @@ def _export(args: argparse.Namespace) -> int:
             out,
             threads=args.threads,
             on_slice=lambda rows, nbytes: bar.update(nbytes=nbytes),
+            allow_pickle=args.allow_pickle,
         )
     data = {**report.to_dict(), "versions": {str(s): v for s, v in versions.items()}}
     _print(
@@ -439,6 +441,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--batch", type=int, help="every slice as it stood after this batch")
         p.add_argument("--query", help="the query of --batch (default: the newest)")
 
+    def pickled(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--allow-pickle",
+            action="store_true",
+            help="decode pickled values; unpickling runs code chosen by whoever wrote the "
+            "value, so only for buckets whose every writer you trust",
+        )
+
     def threads(p: argparse.ArgumentParser, n: int = 4) -> None:
         p.add_argument("--threads", type=int, default=n, help="slices worked on at once")
 
@@ -460,6 +470,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--key", required=True)
     p.add_argument("--slice", dest="slice_id", type=int, help="default: the key's MD5 slice")
     at(p)
+    pickled(p)
 
     p = common("scan", "values of a key prefix or range, in some or all slices", _scan)
     p.add_argument("--slice", help="slices: 3, 0-15 or 1,4,9-12 (default: all)")
@@ -468,12 +479,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stop", help="last key (exclusive)")
     p.add_argument("--limit", type=int, default=100, help="at most this many (0: all)")
     at(p)
+    pickled(p)
 
     p = common("export", "slices to Parquet or JSON lines at a version", _export)
     p.add_argument("--format", choices=state_export.FORMATS, default="parquet")
     p.add_argument("--out", required=True, help="a directory (parquet) or a file (jsonl)")
     p.add_argument("--slice", help="slices: 3, 0-15 or 1,4,9-12 (default: all)")
     at(p)
+    pickled(p)
     threads(p)
 
     p = common("verify", "checksums, manifests, changelog continuity; --rebuild", _verify)

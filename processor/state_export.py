@@ -4,6 +4,7 @@ Each slice is materialised from S3 at its chosen version in a scratch directory,
 key order and written out: Parquet as one file per slice (`part-<slice>.parquet`, readable
 as one dataset by Spark, pandas or DuckDB), JSON lines as one file, slices in order.
 Values are JSON text (bytes as `{"base64": ...}`), since a slice may hold any shape.
+Pickled values only with `allow_pickle` (trusted buckets only: unpickling runs code).
 """
 
 from __future__ import annotations
@@ -47,10 +48,15 @@ class ExportReport:
 
 
 def rows_of(
-    durable: DurableState, head: Head | None, slices: int, slice_id: int, version: int | None
+    durable: DurableState,
+    head: Head | None,
+    slices: int,
+    slice_id: int,
+    version: int | None,
+    allow_pickle: bool = False,
 ) -> list[Entry]:
     with opened(durable, head, slices, version) as store:
-        return list(entries(store, slice_id))
+        return list(entries(store, slice_id, allow_pickle=allow_pickle))
 
 
 def _table(rows: list[Entry]) -> pa.Table:
@@ -76,6 +82,7 @@ def export(
     *,
     threads: int = 4,
     on_slice: Callable[[int, int], None] = lambda rows, nbytes: None,
+    allow_pickle: bool = False,
 ) -> ExportReport:
     """Export the slices of `targets` (slice -> version) to `out` (a directory for Parquet,
     a file for JSON lines)."""
@@ -85,7 +92,7 @@ def export(
     order = sorted(targets)
 
     def one(s: int) -> list[Entry]:
-        return rows_of(durable, heads.get(s), slices, s, targets[s])
+        return rows_of(durable, heads.get(s), slices, s, targets[s], allow_pickle)
 
     if fmt == "parquet":
         out.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,8 @@ Options:
   batch, query          every slice as it stood after this batch of this query (default:
                         the newest committed state)
   slicesPerPartition    slices each Spark partition reads (default 8)
+  allowPickle           "true" to decode pickled values (default: refused; unpickling runs
+                        code, so only for buckets whose every writer you trust)
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class StateReader(DataSourceReader):
         )
         self.work = [(s, heads.get(s), versions[s]) for s in wanted if versions[s] > 0]
         self.per_partition = max(1, int(options.get("slicesPerPartition", "8")))
+        self.allow_pickle = options.get("allowPickle", "false").strip().lower() == "true"
 
     def partitions(self) -> list[InputPartition]:
         step = self.per_partition
@@ -83,7 +86,7 @@ class StateReader(DataSourceReader):
         durable = DurableState(self.loc)
         for s, head, version in partition.work:
             with opened(durable, head, self.slices, version) as store:
-                for e in entries(store, s):
+                for e in entries(store, s, allow_pickle=self.allow_pickle):
                     yield (e.slice, e.key, e.sub, json.dumps(jsonable(e.value)), e.version)
 
 
