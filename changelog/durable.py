@@ -9,11 +9,18 @@ speculative attempt cannot commit over another, and its segment is never referen
 Ownership: a commit by a process that does not own a slice takes it over in the same
 write (the epoch goes up by one, `owner` names the process); `claim` does the same without
 a commit, for tools. Either fences every earlier owner.
+
+Queries: each commit transaction also checks that its query is not fenced
+(`changelog.fence`), so a query that another one took over, or that was rolled back behind,
+cannot land a commit even on heads it read after the takeover. Each transaction carries a
+`ClientRequestToken` derived from the segment's uid, so an SDK retry of a transaction that
+did land (its answer lost) succeeds instead of failing its own condition.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import random
 import socket
@@ -25,7 +32,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from changelog import aws
+from changelog import aws, fence
 from changelog.errors import (
     CommitConflictError,
     CorruptObjectError,
@@ -55,9 +62,13 @@ from changelog.snapshot import get_bytes, missing
 from changelog.transfer_process import TRANSFER_PROCESS_BYTES
 from state.store import Change
 
-_SLICES_PER_TRANSACTION = 100  # DynamoDB's limit of items per transaction
+# DynamoDB's limit of items per transaction is 100: 99 heads and the query's fence check
+_SLICES_PER_TRANSACTION = 99
 _TRANSACTION_BYTES = 3_500_000  # and its limit of 4 MB per transaction, with room to spare
 _CONFLICT_ATTEMPTS = 4  # a transaction cancelled only by another one in flight is retried
+# a transaction cancelled because DynamoDB throttled one of its items is retried after a
+# jittered, growing pause, this many times, then reported as throttled (not as lost)
+_THROTTLED_ATTEMPTS = 8
 # A group of more than 100 changed slices commits in several transactions, sent at once
 # (at most this many together): its commit waits about one round trip instead of one each.
 TRANSACTION_THREADS = 8
@@ -152,6 +163,17 @@ def _unprocessed_pause_s(attempt: int) -> float:
     """The pause before asking again for keys a BatchGetItem left unprocessed: full jitter
     up to UNPROCESSED_PAUSE_S, doubling with each `attempt` (1, 2, ...), at most 2 s."""
     return random.uniform(0, min(2.0, UNPROCESSED_PAUSE_S * 2 ** (attempt - 1)))
+
+
+def request_token(name: str, attempt: int) -> str:
+    """The ClientRequestToken of one send of a transaction: the same for the SDK's own
+    retries of that send (an answer lost after the write landed then returns success),
+    different for each of our attempts after a cancellation."""
+    return hashlib.sha256(f"{name}/{attempt}".encode()).hexdigest()[:36]
+
+
+# cancellation reasons of a head item that did not lose it to another writer
+_NOT_LOST = frozenset({"None", "TransactionConflict", "ThrottlingError"})
 
 
 def _lost_message(what: str, lost: list[int]) -> str:
@@ -341,7 +363,8 @@ class DurableState:
                          **head_condition(c.expected)}}
             )  # fmt: skip
         slices = [c.slice for c in commits]
-        done = self._transact(items, slices, f"batch {batch}: commit of slices")
+        what = f"batch {batch}: commit of slices"
+        done = self._transact(items, slices, what, uid, query)
         return CommitResult(
             uid,
             len(body),
@@ -372,43 +395,72 @@ class DurableState:
         except OSError:
             pass  # a cache: S3 has every segment
 
-    def _transact(self, items: list[dict], slices: list[int], what: str) -> int:
+    def _transact(
+        self, items: list[dict], slices: list[int], what: str, uid: str, query: str | None = None
+    ) -> int:
         """Write `items` (one per slice of `slices`) in as few transactions as DynamoDB
-        allows, sent at once (up to `TRANSACTION_THREADS`); returns how many. A
-        transaction cancelled because a head changed raises HeadConflictError naming the
-        slices that lost; one cancelled only because another transaction held an item is
-        retried. The others land or lose on their own: each head's condition is its own."""
+        allows, sent at once (up to `TRANSACTION_THREADS`); returns how many. With `query`,
+        each transaction also checks that the query is not fenced. A transaction cancelled
+        because a head changed raises HeadConflictError naming the slices that lost; one
+        cancelled only because another transaction held an item, or because DynamoDB
+        throttled it, is retried. The others land or lose on their own: each head's
+        condition is its own."""
         chunks = transaction_chunks([_item_bytes(next(iter(item.values()))) for item in items])
+
+        def send(lo: int, hi: int) -> None:
+            self._send(items[lo:hi], slices[lo:hi], what, f"{uid}-{lo}", query)
+
         if len(chunks) == 1 or TRANSACTION_THREADS <= 1:
             for lo, hi in chunks:  # one at a time: the first failure stops the rest
-                self._send(items[lo:hi], slices[lo:hi], what)
+                send(lo, hi)
             return len(chunks)
         workers = min(len(chunks), TRANSACTION_THREADS)
         with ThreadPoolExecutor(workers, thread_name_prefix="shardless-commit") as pool:
-            futures = [
-                pool.submit(self._send, items[lo:hi], slices[lo:hi], what) for lo, hi in chunks
-            ]
+            futures = [pool.submit(send, lo, hi) for lo, hi in chunks]
         failures = [e for e in (f.exception() for f in futures) if e is not None]
         if failures:
             raise _combined_failure(failures, len(chunks), what)
         return len(chunks)
 
-    def _send(self, items: list[dict], slices: list[int], what: str) -> None:
-        """One transaction; retried while it is cancelled only by another in flight."""
-        for attempt in range(_CONFLICT_ATTEMPTS):
+    def _send(
+        self, items: list[dict], slices: list[int], what: str, token: str, query: str | None
+    ) -> None:
+        """One transaction; retried while it is cancelled only by another in flight or by
+        throttling. Raises QueryFencedError when `query` is fenced, ThrottledError when
+        DynamoDB kept throttling it, HeadConflictError naming the slices that lost."""
+        sent = items + [fence.check_item(self.loc, query)] if query is not None else items
+        conflicts = throttles = 0
+        while True:
+            tries = conflicts + throttles
             try:
-                self._commit_ddb.transact_write_items(TransactItems=items)
+                self._commit_ddb.transact_write_items(
+                    TransactItems=sent, ClientRequestToken=request_token(token, tries)
+                )
                 return
             except ClientError as exc:
                 if exc.response["Error"]["Code"] != "TransactionCanceledException":
                     raise
-                reasons = _cancellation_reasons(exc, len(items))
-                busy = {"None", "TransactionConflict"}
-                only_busy = "TransactionConflict" in reasons and set(reasons) <= busy
-                if only_busy and attempt < _CONFLICT_ATTEMPTS - 1:
-                    time.sleep(random.uniform(0.01, 0.05) * 2**attempt)
-                    continue
-                lost = [s for s, r in zip(slices, reasons, strict=True) if r != "None"]
+                reasons = _cancellation_reasons(exc, len(sent))
+                if query is not None and reasons[-1] == "ConditionalCheckFailed":
+                    raise fence.fenced_error(self.loc, query, f"{what} {slices}") from exc
+                heads = reasons[: len(items)]
+                lost = [s for s, r in zip(slices, heads, strict=True) if r not in _NOT_LOST]
+                if not lost and "ThrottlingError" in reasons:
+                    throttles += 1
+                    if throttles < _THROTTLED_ATTEMPTS:
+                        time.sleep(random.uniform(0, min(2.0, 0.05 * 2**throttles)))
+                        continue
+                    raise ThrottledError(
+                        f"{what} {slices}: DynamoDB table {self.loc.table} "
+                        f"({aws.where('dynamodb')}) throttled the transaction "
+                        f"{_THROTTLED_ATTEMPTS} times: its write capacity is exhausted; raise "
+                        "it (or its on-demand maximum); nothing of this transaction landed"
+                    ) from exc
+                if not lost and "TransactionConflict" in reasons:
+                    conflicts += 1
+                    if conflicts < _CONFLICT_ATTEMPTS:
+                        time.sleep(random.uniform(0.01, 0.05) * 2**conflicts)
+                        continue
                 lost = lost or slices
                 raise HeadConflictError(_lost_message(what, lost), lost) from exc
 
@@ -458,5 +510,5 @@ class DurableState:
                          **head_condition(head)}}
             )  # fmt: skip
         slices = sorted(heads)
-        self._transact(items, slices, "claim of slices")
+        self._transact(items, slices, "claim of slices", new_uid())
         return claimed

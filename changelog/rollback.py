@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from botocore.exceptions import ClientError
 
-from changelog import aws, resources
+from changelog import aws, fence, resources
 from changelog.durable import DurableState
 from changelog.errors import ChangelogError, CommitConflictError
 from changelog.layout import (
@@ -99,9 +99,14 @@ def plan(loc: AppLocation, query: str, batch: int) -> RollbackPlan:
 
 def apply(loc: AppLocation, rollback: RollbackPlan) -> int:
     """Rewrite the heads of the plan; returns how many moved. Each head is conditional on
-    the version the plan saw."""
+    the version the plan saw.
+
+    First, the plan's query and every query whose commits move back are fenced
+    (`changelog.fence`): their checkpoints are past the point the state now stands at, so
+    restarted (or still running) they must not commit on top of the rolled-back heads."""
     durable = DurableState(loc)
     heads = durable.heads(sorted(rollback.moves))
+    fence.fence(loc, {rollback.query, *(heads[s].query for s in rollback.moves if s in heads)})
     ddb = aws.client("dynamodb")
     moved = 0
     for s, (was, to) in sorted(rollback.moves.items()):

@@ -46,7 +46,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from changelog import aws, rollback
+from changelog import aws, fence, rollback
 from changelog.layout import APP_PK, AppLocation, query_tag
 from processor.errors import ConfigError, ProcessorError
 from processor.kinesis import positions as pos
@@ -234,6 +234,7 @@ def set_latest(loc: AppLocation, progress: Progress) -> None:
         fenced |= {*old["fenced"], *old["started"]}
         if old["query"] is not None:
             fenced.add(old["query"])
+    fence.fence(loc, fenced)
     item = _item(LATEST_SK, progress)
     item["fenced"] = {"SS": sorted(fenced)}
     aws.client("dynamodb").put_item(TableName=loc.table, Item=item)
@@ -274,7 +275,7 @@ def register(
                 if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
                     raise
                 continue
-        if query in found["fenced"]:
+        if query in found["fenced"] or query in fence.fenced(loc):
             raise ProcessorError(
                 f"query {query} (this checkpoint) may no longer work on application "
                 f"{loc.app!r}: its state was rolled back behind it or taken over by another "
@@ -313,6 +314,7 @@ def register(
         values: dict[str, Any] = {":me": {"SS": [query]}}
         update = "ADD #st :me"
         if others:
+            fence.fence(loc, others)  # before `query` is registered, so before it commits
             update += ", #f :others"
             names["#f"] = "fenced"
             values[":others"] = {"SS": sorted(others)}

@@ -351,9 +351,9 @@ def test_the_commit_client_leaves_validation_to_the_service_and_the_others_keep_
     assert durable.heads([3])[3].log[-1].uid == done.uid
 
 
-# -- a commit of more than 100 slices: several transactions, sent together ----------------
+# -- a commit of more than 99 slices: several transactions, sent together ----------------
 
-WIDE = 250  # slices in one commit: three transactions (100, 100, 50)
+WIDE = 250  # slices in one commit: three transactions (99, 99, 52), each with a fence check
 
 
 @pytest.fixture
@@ -383,10 +383,10 @@ def test_transaction_chunks_cover_the_items_in_order_within_dynamodb_limits(size
     assert [lo for lo, _ in chunks] == [0, *(hi for _, hi in chunks[:-1])]
     assert chunks[-1][1] == len(sizes)
     for lo, hi in chunks:
-        assert 1 <= hi - lo <= 100 or not sizes
+        assert 1 <= hi - lo <= 99 or not sizes  # and the fence check: 100 items
         assert sum(sizes[lo:hi]) <= 3_500_000 or hi - lo == 1
     for lo, hi in chunks[:-1]:  # as few as allowed: none could have taken one more
-        assert hi - lo == 100 or sum(sizes[lo : hi + 1]) > 3_500_000
+        assert hi - lo == 99 or sum(sizes[lo : hi + 1]) > 3_500_000
 
 
 def test_a_wide_commit_sends_its_transactions_at_once(wide):
@@ -410,7 +410,7 @@ def test_a_wide_commit_sends_its_transactions_at_once(wide):
 
 
 def test_one_transaction_losing_does_not_stop_the_others(wide):
-    """Slice 5 moved on (another writer), so the first transaction, slices 0-99, is
+    """Slice 5 moved on (another writer), so the first transaction, slices 0-98, is
     cancelled whole; the other two land, each head on its own condition, and the error
     names only the slice that lost."""
     heads = wide.heads(list(range(WIDE)))
@@ -419,8 +419,8 @@ def test_one_transaction_losing_does_not_stop_the_others(wide):
         commit_all(wide, heads, batch=1)
     assert lost.value.slices == [5]
     after = versions(wide)
-    assert {s for s, v in after.items() if v == 1} == set(range(100)) - {5}
-    assert all(after[s] == 2 for s in range(100, WIDE)) and after[5] == 2
+    assert {s for s, v in after.items() if v == 1} == set(range(99)) - {5}
+    assert all(after[s] == 2 for s in range(99, WIDE)) and after[5] == 2
     assert wide.heads([5])[5].query == "other"
 
 
@@ -431,7 +431,7 @@ def test_losers_in_several_transactions_are_named_together(wide):
     with pytest.raises(HeadConflictError, match=r"slices \[7, 180\] lost .*1 of its 3") as lost:
         commit_all(wide, heads, batch=1)
     assert lost.value.slices == [7, 180]
-    assert all(v == 2 for s, v in versions(wide).items() if 200 <= s < WIDE)
+    assert all(v == 2 for s, v in versions(wide).items() if 198 <= s < WIDE)
 
 
 def test_with_one_transaction_at_a_time_the_first_loss_stops_the_rest(wide, monkeypatch):

@@ -1,0 +1,79 @@
+"""Which queries may no longer commit an application's state: one small DynamoDB item.
+
+    pk="app"  sk="fence"   fenced: string set of query ids
+
+A query is fenced when another query takes the state over (a COMMITTED start, or a new
+checkpoint allowed to count records again) or when the state is rolled back behind it.
+Every slice commit carries a ConditionCheck that its query is not in the set, inside the
+same transaction as its heads, so a fenced query's commit fails atomically: a query that
+was running when it was taken over cannot land one more batch on top of the new query's
+state, however its reads and the takeover interleave. The check is one item per
+transaction (per group and batch), not per slice; the item stays small (a few query ids).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from changelog import aws
+from changelog.errors import CommitConflictError
+from changelog.layout import APP_PK, AppLocation
+
+FENCE_SK = "fence"
+
+
+class QueryFencedError(CommitConflictError):
+    """The committing query was fenced: another query took the state over, or it was
+    rolled back behind it. Not retried: the query must stop."""
+
+
+def _key() -> dict[str, Any]:
+    return {"pk": {"S": APP_PK}, "sk": {"S": FENCE_SK}}
+
+
+def fence(loc: AppLocation, queries: Iterable[str]) -> None:
+    """Add `queries` to the application's fenced set (idempotent)."""
+    names = sorted({q for q in queries if q})
+    if not names:
+        return
+    aws.client("dynamodb").update_item(
+        TableName=loc.table,
+        Key=_key(),
+        UpdateExpression="ADD #f :q",
+        ExpressionAttributeNames={"#f": "fenced"},
+        ExpressionAttributeValues={":q": {"SS": names}},
+    )
+
+
+def fenced(loc: AppLocation) -> set[str]:
+    """The application's fenced queries."""
+    item = (
+        aws.client("dynamodb")
+        .get_item(TableName=loc.table, Key=_key(), ConsistentRead=True)
+        .get("Item")
+    )
+    return set(item.get("fenced", {}).get("SS", [])) if item else set()
+
+
+def check_item(loc: AppLocation, query: str) -> dict[str, Any]:
+    """A TransactWriteItems ConditionCheck that `query` is not fenced (true while the
+    item does not exist)."""
+    return {
+        "ConditionCheck": {
+            "TableName": loc.table,
+            "Key": _key(),
+            "ConditionExpression": "NOT contains(#f, :me)",
+            "ExpressionAttributeNames": {"#f": "fenced"},
+            "ExpressionAttributeValues": {":me": {"S": query}},
+        }
+    }
+
+
+def fenced_error(loc: AppLocation, query: str, what: str) -> QueryFencedError:
+    return QueryFencedError(
+        f"{what}: query {query} is fenced from application {loc.app!r} (another query took "
+        "its state over, or the state was rolled back behind it); nothing of this attempt "
+        "was committed. Stop this query; continue with a NEW checkpoint and "
+        "--starting-position COMMITTED"
+    )
