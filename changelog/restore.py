@@ -19,6 +19,12 @@ every open to the total.
 A slice whose open store only needs segments the host already has (another worker process
 of the host moved it on) is caught up first, in the calling thread: no transfers, no
 threads.
+
+A snapshot that cannot be used (its manifest or an SST object missing or failing its
+checks, or RocksDB refusing the restored directory) is skipped with a warning: the slice
+restores again from the next older retained snapshot, or from the whole log, with the
+longer log tail that takes. Only when no other path reaches the target does the restore
+fail, with the snapshot's error.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from changelog.durable import DurableState, section_range
@@ -73,6 +79,7 @@ class RestoreStats:
     seconds: float = 0.0
     rolled_back: bool = False
     transfer_process: bool = False  # its snapshot's SST files came through the helper process
+    skipped_snapshots: list[int] = field(default_factory=list)  # versions found unusable
 
     @property
     def mb_per_s(self) -> float:
@@ -183,16 +190,18 @@ def restore(
     target: int,
     store: SliceStore | None = None,
     progress: Progress | None = None,
+    fallback: bool = True,
 ) -> tuple[SliceStore, RestoreStats]:
     """The store at `path` brought to exactly version `target` of `head`.
 
     `store` is the open store at `path`, if any: it is caught up, rolled back one version
     from its undo record, or replaced (snapshot or full replay) when that is cheaper or
     the only way. On failure the store is closed and its directory removed: the caller
-    starts again from nothing rather than from a store in an unknown state.
+    starts again from nothing rather than from a store in an unknown state. With
+    `fallback` (`restore_many`) an unusable snapshot is skipped for an older path.
     """
     (done,) = restore_many(
-        [RestoreJob(Path(path), identity, head, target, store)], durable, progress
+        [RestoreJob(Path(path), identity, head, target, store)], durable, progress, fallback
     )
     if done.error is not None:
         raise done.error
@@ -201,7 +210,10 @@ def restore(
 
 
 def restore_many(
-    jobs: list[RestoreJob], durable: DurableState, progress: Progress | None = None
+    jobs: list[RestoreJob],
+    durable: DurableState,
+    progress: Progress | None = None,
+    fallback: bool = True,
 ) -> list[RestoreOutcome]:
     """Restore several slices as one pipeline; one outcome per job, in order.
 
@@ -211,10 +223,33 @@ def restore_many(
     and inline files as soon as its manifest is in) while `FINISH_THREADS` threads open
     each store as soon as its files are in, check it and apply its changelog tail. A job
     that fails is cleaned up (store closed, directory removed) without stopping the others;
-    an interrupt cleans up every unfinished job.
+    an interrupt cleans up every unfinished job. With `fallback`, the jobs whose snapshot
+    was unusable go round again without it (`_fall_back`).
     """
     started = time.perf_counter()
     work = [_Work(job, RestoreStats(job.slice, _local(job) or 0, job.target)) for job in jobs]
+    try:
+        todo = work
+        while todo:
+            _run(todo, durable, progress, started)
+            todo = [w for w in todo if fallback and _fall_back(w)]
+        for w in work:
+            if w.done and w.error is None and not w.stats.seconds:
+                w.stats.seconds = time.perf_counter() - started
+    except BaseException:  # an interrupt: no store is handed over, none stays open
+        for w in work:
+            if w.done and w.job.store is not None:
+                w.job.store.close()  # complete: its directory can be used again
+            elif w.error is None:
+                _clean(w)
+        raise
+    return [RestoreOutcome(w.job, w.job.store, w.stats, w.error) for w in work]
+
+
+def _run(
+    work: list[_Work], durable: DurableState, progress: Progress | None, started: float
+) -> None:
+    """One pass of the pipeline over `work`: each job ends done or with its error."""
     tails = _Tails(durable)
     try:
         for w in work:
@@ -234,18 +269,40 @@ def restore_many(
             _Snapshots(rest, durable, tails, progress).run(
                 lambda w: _guard(w, tails, lambda: _finish(w, durable, tails, progress, started))
             )
-        for w in work:
-            if w.done and w.error is None and not w.stats.seconds:
-                w.stats.seconds = time.perf_counter() - started
-    except BaseException:  # an interrupt: no store is handed over, none stays open
+    except BaseException:
         tails.drop_all()
-        for w in work:
-            if w.done and w.job.store is not None:
-                w.job.store.close()  # complete: its directory can be used again
-            elif w.error is None:
-                _clean(w)
         raise
-    return [RestoreOutcome(w.job, w.job.store, w.stats, w.error) for w in work]
+
+
+def _fall_back(w: _Work) -> bool:
+    """Whether the job failed on its snapshot and an older path reaches its target; if
+    so, the job is reset to go round again without that snapshot (logged)."""
+    how, head = w.plan, w.head
+    if (
+        w.error is None
+        or w.snapshot_open
+        or how is None
+        or how.snapshot is None
+        or head is None
+        or not isinstance(w.error, (CorruptObjectError, MissingObjectError))
+    ):
+        return False
+    bad = how.snapshot
+    alt = replace(head, snaps=tuple(s for s in head.snaps if s != bad))
+    try:
+        instead = plan_restore(alt, None, w.job.target)
+    except ValueError:
+        return False
+    start = f"snapshot v{instead.snapshot.version}" if instead.snapshot else "the whole log"
+    log.warning(
+        "slice %s: snapshot v%s is unusable, restoring from %s and %s log entries instead: %s",
+        w.job.slice, bad.version, start, len(instead.entries), w.error,
+    )  # fmt: skip
+    w.head, w.error, w.plan, w.manifest, w.files = alt, None, None, None, []
+    w.done = w.queued = w.snapshot_open = False
+    w.stats.skipped_snapshots.append(bad.version)
+    w.stats.snapshot_version, w.stats.snapshot_bytes, w.stats.transfer_process = None, 0, False
+    return True
 
 
 @dataclass(eq=False)
@@ -260,6 +317,11 @@ class _Work:
     error: Exception | None = None
     done: bool = False
     queued: bool = False  # its snapshot's files are on the transfer pool
+    snapshot_open: bool = False  # its snapshot opened as the version it claims
+    head: Head | None = None  # the head restored from: the job's, less unusable snapshots
+
+    def __post_init__(self) -> None:
+        self.head = self.job.head
 
     @property
     def where(self) -> str:
@@ -329,7 +391,7 @@ def _prepare(w: _Work, durable: DurableState) -> None:
         w.done = True
         return
     usable = local if local is not None and local <= job.target else None
-    w.plan = plan(job.head, usable, job.target, durable)
+    w.plan = plan(w.head, usable, job.target, durable)
     if job.store is None or w.plan.fresh or local > job.target:  # type: ignore[operator]
         if job.store is not None:
             job.store.close()
@@ -470,6 +532,7 @@ def _finish(
             raise CorruptObjectError(
                 f"{where}: the snapshot holds version {got}, its manifest says {snap.version}"
             )
+        w.snapshot_open = True
     if job.store is None:
         job.store = SliceStore(job.path, job.identity)
     for entry in how.entries:

@@ -5,6 +5,7 @@ reused only when it is the same file, a restore falls back past an unusable snap
 
 from __future__ import annotations
 
+import logging
 import random
 import re
 from dataclasses import replace
@@ -13,10 +14,12 @@ from pathlib import Path
 import boto3
 import pytest
 
+from changelog import snapshot as snapshot_module
 from changelog.durable import DurableState
-from changelog.errors import CorruptObjectError
-from changelog.restore import identity
+from changelog.errors import CorruptObjectError, MissingObjectError
+from changelog.restore import identity, materialize, restore
 from changelog.snapshot import (
+    SstFile,
     download_snapshot,
     encode_manifest,
     manifests,
@@ -133,3 +136,95 @@ def test_a_manifest_naming_a_file_rocksdb_would_not_write_is_refused(
     with pytest.raises(CorruptObjectError, match="not a RocksDB file name"):
         download_snapshot(location, forged, tmp_path / "restore" / "r")
     assert not (tmp_path / "escaped.sst").exists() and not (tmp_path / "restore").exists()
+
+
+def _share_on_name_and_size(loc, key, path, size, previous):
+    """How snapshots shared files before issue 28: on name and size alone."""
+    if previous is not None:
+        return previous, 0
+    return SstFile(path.name, key, size, snapshot_module._upload_sst(loc, key, path, size)), size
+
+
+def history(location, tmp_path: Path, damage: str, monkeypatch) -> tuple[SliceStore, str]:
+    """Six committed versions of the slice, snapshots at v2 and v4 retained with the log
+    from v3, then the v4 snapshot made unusable: an SST object of its own corrupted or
+    deleted, or ("mixed") taken by another store of the slice, which shared the v2
+    snapshot's 000009.sst on name and size. Returns a store holding v6 (the fold of the
+    changes) and the S3 key of the damaged object."""
+    durable = DurableState(location)
+    w = open_store(location, tmp_path / "w")
+    other = open_store(location, tmp_path / "other")  # caught up from the log
+    ref, snaps = None, {}
+    for v in range(1, 7):
+        changes = [kv(v), *values(f"big{v}", 100)[v * 10 : v * 10 + 60]]
+        done = commit(durable, SLICE, v, changes, batch=v, snapshot=ref)
+        w.commit(changes, v, tag=done.uid)
+        other.commit(changes, v, tag=done.uid)
+        ref = None
+        if v == 2:
+            ref, snaps[2], _ = write_snapshot(
+                location, SLICE, 2, w.checkpoint(tmp_path / "c2"), None
+            )
+            other.checkpoint(tmp_path / "other-c2")
+        if v == 4 and damage == "mixed":
+            with monkeypatch.context() as m:
+                m.setattr(snapshot_module, "_share_or_upload", _share_on_name_and_size)
+                point = other.checkpoint(tmp_path / "other-c4")
+                ref, snaps[4], _ = write_snapshot(location, SLICE, 4, point, snaps[2])
+        elif v == 4:
+            point = w.checkpoint(tmp_path / "c4")
+            ref, snaps[4], _ = write_snapshot(location, SLICE, 4, point, snaps[2])
+    other.close()
+    head = durable.heads([SLICE])[SLICE]
+    assert [s.version for s in head.snaps] == [2, 4] and head.log[0].version == 3
+    s3 = boto3.client("s3")
+    if damage == "mixed":
+        key = next(f.key for f in snaps[4].files if f in snaps[2].files)
+    else:
+        key = next(f.key for f in snaps[4].files if f not in snaps[2].files)
+    if damage == "corrupt":
+        body = bytearray(s3.get_object(Bucket=location.bucket, Key=key)["Body"].read())
+        body[-100] ^= 0xFF
+        s3.put_object(Bucket=location.bucket, Key=key, Body=bytes(body))
+    elif damage == "delete":
+        s3.delete_object(Bucket=location.bucket, Key=key)
+    manifests._items.clear()
+    return w, key
+
+
+DAMAGES = ["corrupt", "delete", "mixed"]
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_restore_falls_back_past_an_unusable_snapshot(
+    location, tmp_path, monkeypatch, caplog, damage
+):
+    """The newest snapshot does not restore: the slice comes back exactly from the older
+    snapshot and the longer log, and the fallback is logged."""
+    durable = DurableState(location)
+    w, _ = history(location, tmp_path, damage, monkeypatch)
+    head = durable.heads([SLICE])[SLICE]
+    with caplog.at_level(logging.WARNING, logger="changelog.restore"):
+        store, stats = materialize(durable, head, tmp_path / "r", SLICES)
+    assert dict(store.items()) == dict(w.items()) and store.version == 6
+    assert store.tag == head.log[-1].uid
+    assert (stats.snapshot_version, stats.segments, stats.skipped_snapshots) == (2, 4, [4])
+    assert "slice 5: snapshot v4 is unusable, restoring from snapshot v2" in caplog.text
+    store.close()
+    # without a fallback the same restore fails on the snapshot
+    with pytest.raises(CorruptObjectError if damage != "delete" else MissingObjectError):
+        restore(tmp_path / "r2", identity(location.app, SLICE, SLICES), durable, head, 6,
+                fallback=False)  # fmt: skip
+    assert not (tmp_path / "r2").exists()
+    w.close()
+
+
+def test_a_restore_with_no_other_path_raises_the_snapshots_error(location, tmp_path, monkeypatch):
+    durable = DurableState(location)
+    w, key = history(location, tmp_path, "corrupt", monkeypatch)
+    head = durable.heads([SLICE])[SLICE]
+    only = replace(head, snaps=head.snaps[1:], log=tuple(e for e in head.log if e.version > 4))
+    with pytest.raises(CorruptObjectError, match=key):
+        materialize(durable, only, tmp_path / "r", SLICES)
+    assert not (tmp_path / "r").exists()
+    w.close()
