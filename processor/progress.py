@@ -118,6 +118,9 @@ def _from_item(item: dict[str, Any], where: str) -> Progress:
         "batch": int(item["batch"]["N"]) if "batch" in item else None,
         "started": sorted(item.get("started", {}).get("SS", [])),
         "fenced": sorted(item.get("fenced", {}).get("SS", [])),
+        # why the record was withdrawn (`after_rollback`): the state holds batches, but no
+        # recorded source positions match it
+        "withdrawn": item["withdrawn"]["S"] if "withdrawn" in item else None,
     }
     if out["batch"] is not None:
         out["positions"] = _decode_positions(item["positions"]["B"], where)
@@ -218,6 +221,8 @@ def _who(found: Progress | None) -> str:
     """The newest progress, in words."""
     if found is None:
         return "none"
+    if found["withdrawn"]:
+        return f"progress withdrawn: {found['withdrawn']}"
     if found["query"] is None:
         return f"no completed batch, begun by queries {found['started']}"
     return f"query {found['query']}'s batch {found['batch']}"
@@ -244,17 +249,29 @@ def set_latest(loc: AppLocation, progress: Progress) -> None:
 
 
 def register(
-    loc: AppLocation, query: str, first_batch: int, start_from: dict[str, Any] | None
+    loc: AppLocation,
+    query: str,
+    first_batch: int,
+    start_from: dict[str, Any] | None,
+    recount: bool = False,
 ) -> list[str]:
     """At a driver run's first batch, before anything is committed: check that `query`
     may work on the application's state, and record that it began (`started`).
 
     `start_from` is the record a COMMITTED run continues (`{"query", "batch"}` from its
     offsets), None otherwise. A COMMITTED run fences every other query that could continue
-    from that record. Returns the fenced queries, which the query's records carry forward.
-    Raises ProcessorError for a stale checkpoint.
+    from that record. A new query at its own starting position on an application that
+    already holds state is refused (its records would count again) unless `recount`; it
+    then fences the queries before it too. Returns the fenced queries, which the query's
+    records carry forward. Raises ProcessorError for a stale checkpoint.
     """
     ddb = aws.client("dynamodb")
+    if query in fence.fenced(loc):
+        raise ProcessorError(
+            f"query {query} (this checkpoint) may no longer work on application "
+            f"{loc.app!r}: its state was rolled back behind it or taken over by another "
+            "query; start a NEW checkpoint with --starting-position COMMITTED"
+        )
     for _ in range(5):
         found = _read(loc.table, LATEST_SK)
         if found is None:
@@ -275,7 +292,7 @@ def register(
                 if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
                     raise
                 continue
-        if query in found["fenced"] or query in fence.fenced(loc):
+        if query in found["fenced"]:
             raise ProcessorError(
                 f"query {query} (this checkpoint) may no longer work on application "
                 f"{loc.app!r}: its state was rolled back behind it or taken over by another "
@@ -301,15 +318,18 @@ def register(
                     "start this one again on a new checkpoint"
                 )
             others = {q for q in (found["query"], *found["started"]) if q and q != query}
-        elif found["batch"] is not None:
+        elif found["batch"] is not None or found["started"] or found["withdrawn"]:
+            if not recount:
+                raise ProcessorError(recount_refused(loc, query, _who(found)))
             log.warning(
                 "query %s starts on a new checkpoint at its own starting position, but "
-                "application %r already holds state up to %s: records read again are "
-                "counted again; --starting-position COMMITTED continues where it left off",
+                "application %r already holds state (%s): records read again are counted "
+                "again, as allowed (recount)",
                 query,
                 loc.app,
                 _who(found),
             )
+            others = {q for q in (found["query"], *found["started"]) if q and q != query}
         names = {"#st": "started"}
         values: dict[str, Any] = {":me": {"SS": [query]}}
         update = "ADD #st :me"
@@ -348,6 +368,45 @@ def register(
     )
 
 
+def recount_refused(loc: AppLocation, query: str, state: str) -> str:
+    """Why a new query at its own starting position may not start on `loc`'s state."""
+    return (
+        f"query {query} starts on a new checkpoint at its own starting position, but "
+        f"application {loc.app!r} already holds state ({state}): records read again would "
+        "count twice. Start with --starting-position COMMITTED to continue where the state "
+        "left off, or pass --allow-recount (JobConfig.allow_recount) if counting records "
+        "again is what you want"
+    )
+
+
+def after_rollback(loc: AppLocation, query: str, batch: int) -> Progress | None:
+    """Make the progress record agree with state rolled back to `query`'s `batch`: that
+    batch's record becomes the latest (a COMMITTED start continues from it), or, when it
+    has none, the latest record is withdrawn, so that no COMMITTED start continues from
+    source positions past the state. Every query that could continue is fenced either way.
+    Returns the record now latest (None: withdrawn)."""
+    found = at_batch(loc, query, batch)
+    if found is not None:
+        set_latest(loc, found)
+        return found
+    old = _read(loc.table, LATEST_SK)
+    if old is None:
+        return None
+    fenced = {query, *old["fenced"], *old["started"]}
+    if old["query"] is not None:
+        fenced.add(old["query"])
+    fence.fence(loc, fenced)
+    aws.client("dynamodb").put_item(
+        TableName=loc.table,
+        Item={
+            **_key(LATEST_SK),
+            "fenced": {"SS": sorted(fenced)},
+            "withdrawn": {"S": f"rolled back to batch {batch} of query {query}"},
+        },
+    )
+    return None
+
+
 def undo_uncommitted(loc: AppLocation) -> tuple[Progress | None, int]:
     """Roll back every slice commit past the latest record: the recorded query's batches
     after its recorded one, and every commit of a query in `started` (none of them
@@ -383,12 +442,39 @@ def undo_uncommitted(loc: AppLocation) -> tuple[Progress | None, int]:
                 plan.to_dict()["moves"],
             )
             moved += rollback.apply(loc, plan)
+    if found["batch"] is None and found["started"]:
+        _clear_placeholder(loc, found)
     return _completed(found), moved
+
+
+def _clear_placeholder(loc: AppLocation, found: Progress) -> None:
+    """After the commits of queries that never completed a batch were undone, the state
+    is empty again: fence those queries and drop their placeholder, so that a new query
+    may start at its own position (unless another query registered meanwhile)."""
+    fence.fence(loc, found["started"])
+    try:
+        aws.client("dynamodb").delete_item(
+            TableName=loc.table,
+            Key=_key(LATEST_SK),
+            ConditionExpression="attribute_not_exists(#q) AND #st = :st",
+            ExpressionAttributeNames={"#q": "query", "#st": "started"},
+            ExpressionAttributeValues={":st": {"SS": found["started"]}},
+        )
+    except ClientError as exc:
+        if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
+            raise
 
 
 def committed_start(loc: AppLocation) -> tuple[Progress, pos.Positions]:
     """Prepare a COMMITTED start: undo commits past the latest record, then return it and
     the shard positions it holds. ConfigError if no batch has completed yet."""
+    withdrawn = (_read(loc.table, LATEST_SK) or {}).get("withdrawn")
+    if withdrawn:
+        raise ConfigError(
+            f"--starting-position COMMITTED: application {loc.app!r}'s progress was "
+            f"withdrawn ({withdrawn}, which has no recorded source positions); start at an "
+            "explicit --starting-position AT_TIMESTAMP with --allow-recount"
+        )
     found, moved = undo_uncommitted(loc)
     if found is None:
         undone = f" ({moved} slices with commits of unfinished batches were rolled back)"
@@ -497,10 +583,13 @@ class Recorder:
     emitted nothing is not recorded (unless the last record is `IDLE_RECORD_S` old).
     """
 
-    def __init__(self, spark: Any, loc: AppLocation, checkpoint: str) -> None:
+    def __init__(
+        self, spark: Any, loc: AppLocation, checkpoint: str, recount: bool = False
+    ) -> None:
         self.spark = spark
         self.loc = loc
         self.checkpoint = checkpoint
+        self.recount = recount  # a new query may count records the state already holds
         self.query: str | None = None
         self.fenced: list[str] = []
         self._known: dict[tuple[str, int], pos.Positions] = {}
@@ -511,7 +600,7 @@ class Recorder:
             return
         query = checkpoint_query(self.spark, self.checkpoint)
         offset = checkpoint_offset(self.spark, self.checkpoint, batch_id)
-        self.fenced = register(self.loc, query, batch_id, offset.get("from"))
+        self.fenced = register(self.loc, query, batch_id, offset.get("from"), self.recount)
         self.query = query
 
     def after_sink(self, batch_id: int, records: int, committed: int, outputs: int) -> bool:

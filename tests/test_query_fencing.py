@@ -17,7 +17,7 @@ from changelog.durable import DurableState, SliceCommit, request_token
 from changelog.errors import ThrottledError
 from changelog.fence import QueryFencedError
 from processor import progress
-from processor.errors import ProcessorError
+from processor.errors import ConfigError, ProcessorError
 from tests.test_committed_start import a_record
 from tests.test_runtime import KEYS, durable_counts, frame, outputs, runner
 
@@ -165,3 +165,67 @@ def test_outputs_of_the_new_query_are_the_folds(location, tmp_path):
     out = outputs(new.run(0, "new-query", 0, frame(B1, 100)))
     expected = fold(B0, B1)
     assert {o["key"]: o["n"] for o in out} == {k: expected[k] for k in set(B1)}
+
+
+def test_a_new_query_at_its_own_position_on_state_is_refused_unless_recount(location, tmp_path):
+    """A new checkpoint at TRIM_HORIZON on an application with state would count the
+    stream twice: refused, unless the user says records may count again; then it fences
+    the query before it like a COMMITTED start does."""
+    r = runner(location, tmp_path)
+    progress.register(location, "first-q", 0, None)
+    r.run(0, "first-q", 0, frame(B0))
+    progress.record(location, a_record("first-q", 0))
+    with pytest.raises(ProcessorError, match="would count twice.*--allow-recount"):
+        progress.register(location, "second-q", 0, None)
+    assert progress.register(location, "second-q", 0, None, recount=True) == ["first-q"]
+    with pytest.raises(QueryFencedError):
+        r.run(0, "first-q", 1, frame(B1, 100))
+
+
+def test_a_query_that_began_but_never_completed_a_batch_is_state_too(location, tmp_path):
+    """Its commits are state: a new query at its own position is refused; a COMMITTED start
+    undoes them, says there is no progress, and then a start at TRIM_HORIZON is allowed."""
+    r = runner(location, tmp_path)
+    progress.register(location, "crashed-q", 0, None)
+    r.run(0, "crashed-q", 0, frame(B0))  # the driver dies before recording batch 0
+    with pytest.raises(ProcessorError, match="would count twice"):
+        progress.register(location, "fresh-q", 0, None)
+    with pytest.raises(ConfigError, match="no recorded progress"):
+        progress.committed_start(location)
+    assert durable_counts(location) == {}
+    assert progress.register(location, "fresh-q", 0, None) == []
+    with pytest.raises(ProcessorError, match="may no longer work"):
+        progress.register(location, "crashed-q", 0, None)
+
+
+def test_a_rollback_without_positions_withdraws_the_progress_record(location, tmp_path):
+    """Rolled back to a batch with no record, the latest record (batch 2's positions) must
+    not be continued by a COMMITTED start: the state no longer holds batch 2."""
+    r = runner(location, tmp_path)
+    progress.register(location, "q-rolled", 0, None)
+    for b, keys in enumerate((B0, B1, B2)):
+        r.run(0, "q-rolled", b, frame(keys, 100 * b))
+        if b != 1:
+            progress.record(location, a_record("q-rolled", b))
+    # batch 1 recorded nothing (idle-skipped, or a driver that died after its commit)
+    rollback.apply(location, rollback.plan(location, "q-rolled", 1))
+    assert progress.after_rollback(location, "q-rolled", 1) is None
+    with pytest.raises(ConfigError, match="progress was withdrawn"):
+        progress.committed_start(location)
+    with pytest.raises(ProcessorError, match="would count twice"):
+        progress.register(location, "next-q", 0, None)
+    assert progress.register(location, "next-q", 0, None, recount=True) == ["q-rolled"]
+    assert durable_counts(location) == fold(B0, B1)
+
+
+def test_a_rollback_to_a_recorded_batch_makes_it_the_latest(location, tmp_path):
+    r = runner(location, tmp_path)
+    progress.register(location, "q-rolled", 0, None)
+    for b, keys in enumerate((B0, B1, B2)):
+        r.run(0, "q-rolled", b, frame(keys, 100 * b))
+        progress.record(location, a_record("q-rolled", b))
+    rollback.apply(location, rollback.plan(location, "q-rolled", 1))
+    assert progress.after_rollback(location, "q-rolled", 1)["batch"] == 1
+    found, _ = progress.committed_start(location)
+    assert (found["query"], found["batch"]) == ("q-rolled", 1)
+    assert durable_counts(location) == fold(B0, B1)
