@@ -11,12 +11,29 @@ garbage once it has been unreferenced for a grace period:
   dropped from it has `grace_s` to finish; an upload whose commit is still in flight
   (or lost, like a zombie's) is never touched while young.
 - If any retained manifest cannot be read, nothing is deleted.
+- Only this application's objects: segments and manifests name the application that
+  wrote them, and gc reads that name from every unreferenced one before it counts it as
+  garbage. One of another application (two applications given the same bucket and
+  prefix) makes gc refuse, deleting nothing: their SST files carry no name, so the
+  prefix cannot be shared safely.
+
+Safe beside a running job (with `grace_s` >= `RUNNING_GRACE_S`): gc lists the objects
+first and reads the heads after, so every object it may delete existed before the heads
+it judges by. A commit after that read references only (a) what the head it replaces
+referenced, which is kept, recursively back to the heads gc read, and (b) what that
+commit itself uploaded: its segment, and its snapshot's manifest and SST files, written
+during the batch, just before the commit. Such an upload is younger than the grace
+period as long as a batch takes less than it (an hour against batches of seconds to
+minutes), so it is never deleted, even when an earlier collection saw it unreferenced
+while its commit was in flight.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import msgpack
@@ -24,14 +41,27 @@ from botocore.exceptions import ClientError
 
 from changelog import aws
 from changelog.durable import DurableState
-from changelog.errors import ChangelogError
+from changelog.errors import ChangelogError, CorruptObjectError, MissingObjectError
 from changelog.layout import AppLocation
-from changelog.snapshot import is_missing, read_manifest
+from changelog.segment import decode_info
+from changelog.snapshot import decode_manifest, get_bytes, is_missing, read_manifest
 
 log = logging.getLogger(__name__)
 
 DEFAULT_GRACE_S = 3600
+# The shortest grace period with which gc may delete beside a running job: longer than any
+# batch takes from its first upload to its commit.
+RUNNING_GRACE_S = DEFAULT_GRACE_S
 _KINDS = ("changelog/", "snapshots/", "sst/")
+_HEADER_BYTES = 4096  # a segment's header (its writer's name, query, batch, group) fits
+
+
+class GcError(ChangelogError):
+    """Garbage collection refused: it cannot tell what is this application's garbage."""
+
+
+class BadGraceError(ChangelogError, ValueError):
+    """A grace period that is negative or not a number."""
 
 
 @dataclass
@@ -50,6 +80,16 @@ class GcReport:
 
 def pending_key(loc: AppLocation) -> str:
     return loc.key("gc/pending.msgpack")
+
+
+def check_grace(grace_s: float) -> float:
+    """`grace_s` if it is a usable grace period (a finite number of seconds >= 0)."""
+    if not isinstance(grace_s, int | float) or not math.isfinite(grace_s) or grace_s < 0:
+        raise BadGraceError(
+            f"grace period {grace_s!r}: give a number of seconds >= 0 (default "
+            f"{DEFAULT_GRACE_S}); a negative one would delete uploads whose commits are in flight"
+        )
+    return grace_s
 
 
 def referenced(loc: AppLocation, slices: int) -> set[str]:
@@ -78,7 +118,9 @@ def _listing(loc: AppLocation) -> dict[str, tuple[int, int]]:
     return found
 
 
-def _load_pending(loc: AppLocation) -> dict[str, int]:
+def _load_pending(loc: AppLocation) -> tuple[dict[str, int], bool]:
+    """What earlier collections found unreferenced (key -> first seen, ms), and whether
+    they checked whose each one is (lists written before that check: not)."""
     try:
         # The one object read back without a checksum of its own: ask S3 for its CRC.
         raw = (
@@ -88,9 +130,56 @@ def _load_pending(loc: AppLocation) -> dict[str, int]:
         )
     except ClientError as exc:
         if is_missing(exc):
-            return {}
+            return {}, True
         raise
-    return {str(k): int(v) for k, v in msgpack.unpackb(raw).items()}
+    data = msgpack.unpackb(raw)
+    if set(data) == {"app", "first"}:
+        if data["app"] != loc.app:
+            raise _shared(loc, str(data["app"]), pending_key(loc))
+        return {str(k): int(v) for k, v in data["first"].items()}, True
+    return {str(k): int(v) for k, v in data.items()}, False
+
+
+def _shared(loc: AppLocation, other: str, key: str) -> GcError:
+    return GcError(
+        f"s3://{loc.bucket}/{loc.root}: {key} belongs to application {other!r}, not "
+        f"{loc.app!r}: two applications share this bucket and prefix, and gc cannot tell "
+        "their SST files apart, so it deletes nothing. Give each application its own prefix "
+        f"(if {other!r} is gone for good, delete its objects yourself first)"
+    )
+
+
+def _writer(loc: AppLocation, key: str) -> str | None:
+    """The application that wrote a segment or manifest (None: it is gone already)."""
+    try:
+        if key.startswith(loc.root + "changelog/"):
+            raw = get_bytes(loc.bucket, key, f"bytes=0-{_HEADER_BYTES - 1}")
+            try:
+                info = decode_info(raw, where=key)
+            except CorruptObjectError:
+                if len(raw) < _HEADER_BYTES:  # the whole object: it is corrupt
+                    raise
+                info = decode_info(get_bytes(loc.bucket, key), where=key)  # a long header
+            return str(info["app"])
+        return decode_manifest(get_bytes(loc.bucket, key), where=key).app
+    except MissingObjectError:
+        return None
+    except (CorruptObjectError, KeyError, TypeError) as exc:
+        raise GcError(
+            f"s3://{loc.bucket}/{key} is not a readable shardless object ({exc}); gc deletes "
+            "only what it can tell is this application's: remove or restore it by hand"
+        ) from exc
+
+
+def _check_owner(loc: AppLocation, keys: list[str]) -> None:
+    """Refuse if any of these segments or manifests was written by another application."""
+    named = [k for k in keys if not k.startswith(loc.root + "sst/")]
+    if not named:
+        return
+    with ThreadPoolExecutor(max_workers=min(16, len(named))) as pool:
+        for key, app in zip(named, pool.map(lambda k: _writer(loc, k), named), strict=True):
+            if app is not None and app != loc.app:
+                raise _shared(loc, app, key)
 
 
 def collect(
@@ -102,17 +191,20 @@ def collect(
     now_ms: int | None = None,
 ) -> GcReport:
     """Find (and unless `dry_run`, delete) objects no committed head needs any more."""
+    grace_ms = int(check_grace(grace_s) * 1000)
     now = int(time.time() * 1000) if now_ms is None else now_ms
-    grace_ms = int(grace_s * 1000)
+    objects = _listing(loc)  # first what exists, then what the heads need: see the docstring
     keep = referenced(loc, slices)
-    objects = _listing(loc)
-    pending = _load_pending(loc)
+    pending, checked = _load_pending(loc)
+    unreferenced = sorted(k for k in objects if k not in keep)
+    _check_owner(
+        loc, unreferenced if not checked else [k for k in unreferenced if k not in pending]
+    )
     report = GcReport(referenced=len(keep), objects=len(objects), dry_run=dry_run)
     still: dict[str, int] = {}
     doomed: list[str] = []
-    for key, (size, modified_ms) in sorted(objects.items()):
-        if key in keep:
-            continue
+    for key in unreferenced:
+        size, modified_ms = objects[key]
         report.unreferenced += 1
         first = pending.get(key, now)
         if first <= now - grace_ms and modified_ms <= now - grace_ms:
@@ -136,6 +228,7 @@ def collect(
                 f"s3://{loc.bucket}: {len(out['Errors'])} deletions failed, e.g. "
                 f"{first_error['Key']}: {first_error.get('Message')}"
             )
-    s3.put_object(Bucket=loc.bucket, Key=pending_key(loc), Body=msgpack.packb(still))
+    body = msgpack.packb({"app": loc.app, "first": still})
+    s3.put_object(Bucket=loc.bucket, Key=pending_key(loc), Body=body)
     log.info("gc %s: %s", loc.app, report.to_dict())
     return report

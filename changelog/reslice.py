@@ -69,6 +69,29 @@ def plan_groups(n: int, m: int) -> list[tuple[list[int], list[int]]]:
     )
 
 
+_MANAGED = ("changelog/", "snapshots/", "sst/", "gc/")
+
+
+def check_target(source: AppLocation, target: AppLocation) -> None:
+    """Refuse a new generation whose objects or heads would mix with the source's: its gc
+    would take the other's objects for garbage."""
+    if target.table == source.table:
+        raise ResliceError(
+            f"--to-table {target.table}: the source's own table; the new generation needs "
+            "its own (default shardless-TO_APP)"
+        )
+    if target.bucket != source.bucket:
+        return
+    ours = [source.root + k for k in _MANAGED]
+    theirs = [target.root + k for k in _MANAGED]
+    if any(a.startswith(b) or b.startswith(a) for a in ours for b in theirs):
+        raise ResliceError(
+            f"--to-prefix {target.prefix!r} in s3://{target.bucket}: the new generation's "
+            f"objects would mix with those of {source.app!r} (prefix {source.prefix!r}); give "
+            "it a prefix of its own (default: the new application's name)"
+        )
+
+
 def reslice(
     source: AppLocation,
     target: AppLocation,
@@ -78,6 +101,7 @@ def reslice(
     on_progress: Callable[[int, int], None] = lambda done, total: None,
 ) -> ResliceReport:
     """Write `source`'s committed state into `target` as `to_slices` slices."""
+    check_target(source, target)
     n = resources.app_slices(source)
     groups = plan_groups(n, to_slices)
     resources.ensure(target, to_slices)

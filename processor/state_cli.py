@@ -10,7 +10,8 @@ service, a conflict); 3 refused because the application looks running (see `--fo
 
 Commands that change state (`rollback`, `reslice`, `gc --delete`) are dry runs unless
 told otherwise, and refuse while the application's lease is held or its slices committed
-recently.
+recently; `gc --delete` runs beside a job when its grace period is at least
+`gc.RUNNING_GRACE_S` (see `changelog.gc` for why that is safe).
 """
 
 from __future__ import annotations
@@ -77,14 +78,17 @@ def _running(loc: AppLocation, heads: dict[int, Head], quiet_s: float) -> list[s
     return lease.activity(lease.read(loc), list(heads.values()), quiet_s)
 
 
-def _refuse_if_running(args: argparse.Namespace, loc: AppLocation, heads: dict[int, Head]) -> None:
+def _refuse_if_running(
+    args: argparse.Namespace, loc: AppLocation, heads: dict[int, Head], hint: str = ""
+) -> None:
     if args.force:
         return
     reasons = _running(loc, heads, args.quiet_s)
     if reasons:
         raise StateBusyError(
             f"application {loc.app!r} looks running: {'; '.join(reasons)}. Stop the job (or "
-            f"wait {args.quiet_s:.0f} s after its last commit), or pass --force if you are sure"
+            f"wait {args.quiet_s:.0f} s after its last commit){hint}, or pass --force if you "
+            "are sure"
         )
 
 
@@ -343,9 +347,10 @@ def _rollback(args: argparse.Namespace) -> int:
 
 
 def _gc(args: argparse.Namespace) -> int:
+    gc.check_grace(args.grace_s)
     loc, slices, heads = _open_app(args)
-    if args.delete:
-        _refuse_if_running(args, loc, heads)
+    if args.delete and args.grace_s < gc.RUNNING_GRACE_S:  # safe beside a job: see gc's doc
+        _refuse_if_running(args, loc, heads, f", or keep --grace-s at least {gc.RUNNING_GRACE_S} s")
     report = gc.collect(loc, slices, grace_s=args.grace_s, dry_run=not args.delete)
     verb = "deleted" if args.delete else "would delete"
     lines = [
@@ -363,6 +368,7 @@ def _gc(args: argparse.Namespace) -> int:
 def _reslice(args: argparse.Namespace) -> int:
     loc, slices, heads = _open_app(args)
     target = _location(args, "to_")
+    reslice.check_target(loc, target)
     groups = reslice.plan_groups(slices, args.to_slices)
     committed = sum(1 for h in heads.values() if h.committed)
     data: dict[str, Any] = {
@@ -507,7 +513,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     p = common("gc", "objects retention no longer needs (dry run)", _gc)
     p.add_argument("--delete", action="store_true", help="delete them (default: dry run)")
-    p.add_argument("--grace-s", type=float, default=gc.DEFAULT_GRACE_S)
+    p.add_argument(
+        "--grace-s",
+        type=float,
+        default=gc.DEFAULT_GRACE_S,
+        help=f"keep unreferenced objects this long (>= {gc.RUNNING_GRACE_S}: safe while the "
+        "job runs; shorter only when it is stopped)",
+    )
     safety(p)
 
     p = common("reslice", "rewrite N slices as M into a new application (dry run)", _reslice)

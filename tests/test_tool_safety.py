@@ -6,18 +6,21 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from collections import Counter
 from pathlib import Path
 
 import boto3
 import pytest
 
+from changelog import gc, reslice, resources
 from changelog.errors import ChangelogError
 from changelog.layout import AppLocation
 from processor import cli
 from processor.routing import route
 from processor.state_source import StateReader
 from state import encoding
-from tests.test_runtime import SLICES, frame, runner
+from tests.test_runtime import KEYS, SLICES, durable_counts, frame, runner
 
 HOUR_MS = 3600 * 1000
 
@@ -110,3 +113,120 @@ def test_the_state_data_source_refuses_a_pickled_value_unless_allowed(pickled_ap
     reader = StateReader({**options, "slices": fine, "allowPickle": "true"})
     rows = [row for p in reader.partitions() for row in reader.read(p)]
     assert [(r[1], json.loads(r[3])) for r in rows] == [("fine", [1, "a"])]
+
+
+# ---- gc ----------------------------------------------------------------------------------------
+
+
+def run_batches(loc: AppLocation, tmp_path: Path, batches: range) -> None:
+    r = runner(loc, tmp_path, snapshot_every=2, keep_snapshots=1)
+    for b in batches:
+        r.run(0, "q", b, frame(KEYS[(b % 8) * 50 : (b % 8 + 1) * 50] + ["user-1"] * 3, b * 1000))
+
+
+def expected(batches: range) -> Counter:
+    out: Counter = Counter()
+    for b in batches:
+        out += Counter(KEYS[(b % 8) * 50 : (b % 8 + 1) * 50] + ["user-1"] * 3)
+    return out
+
+
+def test_gc_refuses_to_touch_a_bucket_and_prefix_another_application_shares(location, tmp_path):
+    other = AppLocation(
+        app=f"{location.app}-b", bucket=location.bucket, prefix=location.prefix,
+        table=f"shardless-{location.app}-b",
+    )  # fmt: skip
+    resources.ensure(other, SLICES)
+    run_batches(location, tmp_path / "a", range(4))
+    run_batches(other, tmp_path / "b", range(6))
+    before = objects(location)
+    with pytest.raises(ChangelogError, match=rf"{other.app}.*own prefix"):
+        gc.collect(location, SLICES, grace_s=0, dry_run=False)
+    assert objects(location) == before
+    assert durable_counts(other) == expected(range(6))
+
+
+def test_reslice_into_the_source_prefix_is_refused_before_anything_is_written(location, tmp_path):
+    run_batches(location, tmp_path, range(3))
+    before = objects(location)
+    target = AppLocation(
+        app=f"{location.app}-r", bucket=location.bucket, prefix=location.prefix,
+        table=f"shardless-{location.app}-r",
+    )  # fmt: skip
+    with pytest.raises(ChangelogError, match="prefix"):
+        reslice.reslice(location, target, 32)
+    assert objects(location) == before
+    with pytest.raises(boto3.client("dynamodb").exceptions.ResourceNotFoundException):
+        boto3.client("dynamodb").describe_table(TableName=target.table)
+
+
+def test_reslice_cli_refuses_the_source_prefix_even_in_a_dry_run(location, tmp_path, capsys):
+    run_batches(location, tmp_path, range(2))
+    code, data = run_cli(
+        capsys, "reslice", "--app", location.app, "--to-app", "x-" + location.app,
+        "--to-slices", "32", "--to-bucket", location.bucket, "--to-prefix", location.prefix,
+        "--json",
+    )  # fmt: skip
+    assert code == 2 and "prefix" in data["error"]
+
+
+def test_a_negative_grace_period_is_refused(location, tmp_path, capsys):
+    run_batches(location, tmp_path, range(3))
+    before = objects(location)
+    with pytest.raises(ValueError, match="grace"):
+        gc.collect(location, SLICES, grace_s=-1, dry_run=False)
+    code, data = run_cli(
+        capsys, "gc", "--app", location.app, "--delete", "--grace-s", "-60", "--json", "--force"
+    )
+    assert code == 2 and "grace" in data["error"]
+    assert objects(location) == before
+
+
+def test_gc_deletes_while_the_job_runs_with_a_safe_grace_period(location, tmp_path, capsys):
+    r = runner(location, tmp_path, snapshot_every=1, keep_snapshots=1)
+    for b in range(4):
+        r.run(0, "q", b, frame(KEYS[:50], b * 100))
+    code, data = run_cli(capsys, "gc", "--app", location.app, "--delete", "--json")
+    assert code == 0 and not data["dry_run"]  # it just committed: running, but safe
+    code, data = run_cli(
+        capsys, "gc", "--app", location.app, "--delete", "--grace-s", "0", "--json"
+    )
+    assert code == 3 and "looks running" in data["error"] and "grace" in data["error"]
+
+
+def test_gc_beside_commits_between_its_listing_and_its_deletions(location, tmp_path, monkeypatch):
+    """The job commits (new segments and snapshots, trimming old ones) while gc lists, reads
+    heads and deletes, with a clock far enough ahead that every object looks old: nothing a
+    head needs is deleted, and every slice still restores."""
+    r = runner(location, tmp_path, snapshot_every=2, keep_snapshots=1)
+    batch = iter(range(100))
+
+    def commit() -> None:
+        b = next(batch)
+        r.run(0, "q", b, frame(KEYS[(b % 8) * 50 : (b % 8 + 1) * 50] + ["user-1"] * 3, b * 1000))
+
+    for _ in range(6):
+        commit()
+    now = int(time.time() * 1000)
+    gc.collect(location, SLICES, dry_run=False, now_ms=now)  # the first sighting
+    listing, heads = gc._listing, gc.referenced
+
+    def listing_then_commit(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+        found = listing(*a, **kw)
+        commit()
+        return found
+
+    def heads_then_commit(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+        found = heads(*a, **kw)
+        commit()
+        return found
+
+    monkeypatch.setattr(gc, "_listing", listing_then_commit)
+    monkeypatch.setattr(gc, "referenced", heads_then_commit)
+    for step in (1, 2, 3):
+        report = gc.collect(location, SLICES, dry_run=False, now_ms=now + step * 2 * HOUR_MS)
+        assert report.deleted or step > 1
+    monkeypatch.undo()
+    done = next(batch)
+    assert durable_counts(location) == expected(range(done))
+    assert set(gc.referenced(location, SLICES)) <= objects(location)
