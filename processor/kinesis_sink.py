@@ -45,6 +45,7 @@ from pyspark.sql import DataFrame
 
 from changelog import aws
 from processor.errors import ConfigError, ProcessorError
+from processor.routing import key_text
 
 Sink = Callable[[DataFrame, int], None]  # as processor.job.Sink
 
@@ -143,7 +144,7 @@ def record(query: str, batch_id: int, slice_id: int, seq: int, key: str | None, 
         {"query": query, "batch_id": batch_id, "seq": n, "key": key, "value": parsed},
         separators=(",", ":"),
     ).encode()
-    partition_key = key[:MAX_PARTITION_KEY] if key else f"{batch_id}:{n}"
+    partition_key = key_text(key[:MAX_PARTITION_KEY]) if key else f"{batch_id}:{n}"
     size = len(data) + len(partition_key.encode())
     if size > MAX_RECORD_BYTES:
         raise KinesisSinkError(

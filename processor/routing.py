@@ -3,13 +3,27 @@
 A record's hash key is its ExplicitHashKey when set, else the MD5 of its partition key
 as a 128-bit big-endian integer. Its slice follows from the hash key and the slice count
 alone, so it never changes when shards split or merge.
+
+A partition key is hashed as UTF-8. A lone surrogate (from a JSON "\\ud800" or a Java
+string) has no UTF-8: it counts as U+FFFD, as a UTF-8 encoder that does not fail writes
+it (kinesalite places such a record by that MD5), and the key a handler sees is that text
+too (`key_text`), so a key's records and its state stay in the slice that `route` names.
 """
 
 from __future__ import annotations
 
 from state.slices import HASH_SPACE, key_hash, slice_of, slices_overlapping
 
-__all__ = ["hash_key", "route", "shard_slices", "slice_of"]
+__all__ = ["hash_key", "key_text", "route", "shard_slices", "slice_of"]
+
+
+def key_text(partition_key: str) -> str:
+    """The key as valid Unicode: a surrogate pair joined, each lone surrogate U+FFFD."""
+    try:
+        partition_key.encode("utf-8")
+    except UnicodeEncodeError:
+        return partition_key.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return partition_key
 
 
 def hash_key(partition_key: str, explicit_hash_key: str | None = None) -> int:
@@ -19,7 +33,10 @@ def hash_key(partition_key: str, explicit_hash_key: str | None = None) -> int:
         if not 0 <= h < HASH_SPACE:
             raise ValueError(f"explicit hash key {explicit_hash_key!r} is outside [0, 2**128)")
         return h
-    return key_hash(partition_key)
+    try:
+        return key_hash(partition_key)
+    except UnicodeEncodeError:
+        return key_hash(key_text(partition_key))
 
 
 def route(partition_key: str, explicit_hash_key: str | None, slices: int) -> int:

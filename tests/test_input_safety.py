@@ -3,12 +3,22 @@ and local directories."""
 
 from __future__ import annotations
 
+import hashlib
+import uuid
+
 import pytest
 
 from changelog.errors import ConfigurationError
 from changelog.layout import AppLocation, check_app_name
 from processor.config import JobConfig
 from processor.errors import ConfigError
+from processor.kinesis import reader
+from processor.kinesis.batch_log import BatchLog
+from processor.kinesis.kpl import MAGIC, deaggregate
+from processor.kinesis.reader import ShardRead, read_shard
+from processor.kinesis.rows import record_batch
+from processor.kinesis_sink import chunks, record
+from processor.routing import hash_key, key_text, route, shard_slices
 
 BAD_APPS = [
     "",
@@ -48,3 +58,70 @@ def test_good_application_names_pass_and_make_a_valid_bucket(app):
     loc = AppLocation.default(app)
     assert 3 <= len(loc.bucket) <= 63 and loc.bucket == f"shardless-{app}"
     assert JobConfig(app=app, streams=("s",), checkpoint="/tmp/c").location.app == app
+
+
+# --- partition keys with a lone surrogate ---------------------------------------------------
+
+LONE = "\ud800"  # from a JSON "\ud800" or a Java string; no UTF-8 encoder takes it strictly
+
+
+def md5_slice(data: bytes, n: int) -> int:
+    return (int.from_bytes(hashlib.md5(data).digest(), "big") * n) >> 128
+
+
+def test_a_lone_surrogate_routes_as_the_replacement_character_kinesis_hashed():
+    assert key_text(LONE) == "\ufffd" and key_text("a\udc00b") == "a\ufffdb"
+    assert key_text("user-1") == "user-1" and key_text("\ud83d\ude00") == "\U0001f600"
+    for n in (1, 256, 1000):
+        assert route(LONE, None, n) == md5_slice("\ufffd".encode(), n)
+    assert hash_key("a\udc00b") == hash_key("a\ufffdb")
+
+
+def test_a_record_whose_key_has_a_lone_surrogate_is_read_and_routed(
+    kinesis, make_stream, location, monkeypatch
+):
+    """kinesalite (like any UTF-8 encoder that does not fail) hashes a lone surrogate as
+    U+FFFD: the record lands in that key's shard, and the source gives it that key and its
+    slice instead of failing the read."""
+    monkeypatch.setattr(reader, "MIN_CALL_INTERVAL_S", 0)
+    stream = make_stream(4)
+    keys = [LONE, "a\udc00b", "user-1", "\ufffd"]
+    for i, key in enumerate(keys):
+        kinesis.put_record(StreamName=stream, Data=f"{i}".encode(), PartitionKey=key)
+    rows = []
+    for shard in kinesis.list_shards(StreamName=stream)["Shards"]:
+        read = ShardRead(
+            run=uuid.uuid4().hex, n=1, stream=stream, shard_id=shard["ShardId"], depth=0,
+            start=None, initial={"type": "TRIM_HORIZON"}, max_records=100,
+            max_bytes=1 << 20, closed=False,
+        )  # fmt: skip
+        records, _ = read_shard(kinesis, BatchLog(location.table), read)
+        batch = record_batch(stream, shard["ShardId"], 0, records, 256).to_pylist()
+        covered = shard_slices(*shard["HashKeyRange"].values(), 256)
+        for row in batch:
+            assert row["slice"] in covered  # routed where Kinesis put it
+        rows += batch
+    got = {row["data"]: (row["partition_key"], row["slice"]) for row in rows}
+    assert got == {
+        f"{i}".encode(): (key_text(key), route(key, None, 256)) for i, key in enumerate(keys)
+    }
+    assert got[b"0"] == ("\ufffd", md5_slice(b"\xef\xbf\xbd", 256))
+
+
+def test_a_kpl_user_record_whose_key_bytes_encode_a_surrogate_is_read_and_routed():
+    body = bytes([0x0A, 3, 0xED, 0xA0, 0x80])  # partition_key_table = [b"\xed\xa0\x80"]
+    body += bytes([0x1A, 5, 0x08, 0x00, 0x1A, 0x01]) + b"x"  # records = [{0, data b"x"}]
+    (user,) = deaggregate(MAGIC + body + hashlib.md5(body).digest())
+    assert (user.partition_key, user.data) == (LONE, b"x")
+    record = {
+        "SequenceNumber": "1", "SubSequenceNumber": 0, "PartitionKey": user.partition_key,
+        "ExplicitHashKey": None, "ApproximateArrivalTimestamp": None, "Data": user.data,
+    }  # fmt: skip
+    (row,) = record_batch("s", "shardId-0", 0, [record], 256).to_pylist()
+    assert (row["partition_key"], row["slice"]) == ("\ufffd", route(LONE, None, 256))
+
+
+def test_the_sink_puts_an_output_whose_key_has_a_lone_surrogate():
+    entry = record("q", 1, 0, 0, LONE, "1")
+    assert entry["PartitionKey"] == "\ufffd"
+    assert [len(c) for c in chunks([entry])] == [1]

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processor.routing import hash_key, route, shard_slices
+from processor.routing import hash_key, key_text, route, shard_slices
 from state.slices import HASH_SPACE, check_slices, slice_bounds, slice_of, slices_overlapping
 
 slice_counts = st.integers(min_value=1, max_value=4096)
@@ -158,6 +158,19 @@ def test_hash_key_is_the_big_endian_md5_of_the_utf8_partition_key(key: str, n: i
     assert hash_key(key) == expected
     assert hash_key(key, None) == expected
     assert route(key, None, n) == (expected * n) >> 128
+
+
+@given(
+    st.text(st.characters(categories=["Cs", "L", "N", "So"]), max_size=12),
+    st.integers(min_value=1, max_value=65536),
+)
+def test_a_key_with_lone_surrogates_routes_as_its_text_with_u_fffd(key: str, n: int) -> None:
+    text = key_text(key)
+    text.encode("utf-8")  # always valid
+    assert key_text(text) == text
+    assert route(key, None, n) == route(text, None, n)
+    lone = text.count("\ufffd") - key.count("\ufffd")
+    assert lone <= sum(0xD800 <= ord(c) <= 0xDFFF for c in key)
 
 
 @pytest.mark.parametrize(

@@ -58,8 +58,8 @@ def deaggregate(data: bytes) -> list[UserRecord]:
     hash_keys: list[str] = []
     entries: list[tuple[int, int | None, bytes]] = []
     for field, value in _fields(body):
-        if field == 1:
-            partition_keys.append(_text(value, "partition key"))
+        if field == 1:  # a surrogate's bytes read as one, routed as `routing.key_text` says
+            partition_keys.append(_text(value, "partition key", "surrogatepass"))
         elif field == 2:
             hash_keys.append(_text(value, "explicit hash key"))
         elif field == 3:
@@ -153,8 +153,8 @@ def _as_bytes(value: int | bytes, what: str) -> bytes:
     return value
 
 
-def _text(value: int | bytes, what: str) -> str:
+def _text(value: int | bytes, what: str, errors: str = "strict") -> str:
     try:
-        return _as_bytes(value, what).decode("utf-8")
+        return _as_bytes(value, what).decode("utf-8", errors)
     except UnicodeDecodeError as exc:
         raise CorruptAggregate(f"{what} is not UTF-8") from exc

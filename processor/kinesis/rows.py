@@ -22,6 +22,7 @@ from pyspark.sql.types import (
 )
 
 from processor.kinesis.positions import sequence_sort_key
+from processor.routing import key_text
 from state.slices import key_hash, slice_of
 
 SCHEMA = (
@@ -54,7 +55,8 @@ def record_batch(
 
     `slice` is `(h * slices) >> 128` of the record's explicit hash key if it has one, else
     of the MD5 of its partition key; `stream_order` is lineage depth (4 digits), sequence
-    number (64) and sub-sequence number (10).
+    number (64) and sub-sequence number (10). A key with a lone surrogate is given and
+    routed as `processor.routing.key_text` writes it (U+FFFD for the surrogate).
     """
     n = len(records)
     keys = [r["PartitionKey"] for r in records]
@@ -70,19 +72,27 @@ def record_batch(
             continue
         s = by_key.get(key)
         if s is None:
-            s = by_key[key] = slice_of(key_hash(key), slices)
+            try:
+                h = key_hash(key)
+            except UnicodeEncodeError:  # a lone surrogate
+                h = key_hash(key_text(key))
+            s = by_key[key] = slice_of(h, slices)
         slice_col.append(s)
     prefix = f"{depth:04d}"
     order = [
         f"{prefix}{sequence_sort_key(seq)}{sub:010d}"
         for seq, sub in zip(sequences, subs, strict=True)
     ]
+    try:
+        key_col = pa.array(keys, pa.string())
+    except UnicodeEncodeError:  # a lone surrogate: Arrow (and Spark) strings are UTF-8
+        key_col = pa.array([key_text(k) for k in keys], pa.string())
     columns = [
         pa.array([stream] * n, pa.string()),
         pa.array([shard_id] * n, pa.string()),
         pa.array(sequences, pa.string()),
         pa.array(subs, pa.int64()),
-        pa.array(keys, pa.string()),
+        key_col,
         pa.array(explicit, pa.string()),
         pa.array([r["ApproximateArrivalTimestamp"] for r in records], ARROW_SCHEMA.field(6).type),
         pa.array([r["Data"] for r in records], pa.binary()),
