@@ -4,8 +4,15 @@ a divisor of N, as a new state generation (another application name) a job can s
 Slices are contiguous hash ranges, so with M = k·N each old slice splits into exactly the
 new slices k·s .. k·s+k-1, and with N = k·M each new slice is exactly the union of old
 slices k·t .. k·t+k-1. Every entry is copied byte for byte, routed by the MD5 of the
-record key it belongs to; an entry whose key does not hash into its old slice (state
-written by records routed with explicit hash keys) is refused, naming the key.
+record key it belongs to, into the new slice whose hash range holds that MD5.
+
+The routing check: a store keeps record keys, not the hash key a record was routed by,
+so only the MD5 of a key can be checked. An entry whose key's MD5 lies outside its old
+slice's range (state of records routed by explicit hash key, or written with
+`slice_state` under another slice's key) is refused, naming the key. A key routed by
+explicit hash key whose MD5 happens to fall in the same old slice (1 in N) cannot be told
+apart; with N = 1 that is every key, so re-slicing one slice is refused unless the caller
+says every record was routed by its partition key's MD5 (`md5_routed`).
 
 Verified: for every old slice, the entry count and an order-independent digest of its
 entries equal those of its parts (split) or contribute to its union (merge); and every
@@ -29,7 +36,7 @@ from changelog.layout import AppLocation, Head, new_uid
 from changelog.restore import identity, materialize
 from changelog.snapshot import write_snapshot
 from state.keys import owner
-from state.slices import key_hash, slice_of
+from state.slices import key_hash, slice_bounds, slice_of
 from state.store import SliceStore
 
 _BATCH = 10_000
@@ -92,6 +99,18 @@ def check_target(source: AppLocation, target: AppLocation) -> None:
         )
 
 
+def check_routing(n: int, md5_routed: bool) -> None:
+    """Refuse what the routing check cannot check: one source slice holds every MD5."""
+    if n == 1 and not md5_routed:
+        raise ResliceError(
+            "the application has 1 slice, so every key's MD5 lies in it and the check that "
+            "refuses state of records routed by explicit hash key cannot fail (a store does "
+            "not keep the hash key a record was routed by). If every record was routed by "
+            "its partition key's MD5 (no explicit hash keys, no slice_state under other "
+            "keys), say so with --md5-routed"
+        )
+
+
 def reslice(
     source: AppLocation,
     target: AppLocation,
@@ -99,11 +118,14 @@ def reslice(
     *,
     threads: int = 4,
     on_progress: Callable[[int, int], None] = lambda done, total: None,
+    md5_routed: bool = False,
 ) -> ResliceReport:
-    """Write `source`'s committed state into `target` as `to_slices` slices."""
+    """Write `source`'s committed state into `target` as `to_slices` slices (`md5_routed`:
+    the caller vouches that every record was routed by its partition key's MD5)."""
     check_target(source, target)
     n = resources.app_slices(source)
     groups = plan_groups(n, to_slices)
+    check_routing(n, md5_routed)
     resources.ensure(target, to_slices)
     target_durable = DurableState(target)
     existing = [h for h in target_durable.heads(list(range(to_slices))).values() if h.committed]
@@ -163,6 +185,7 @@ def _rewrite(
     before = Digest()
     try:
         for s in olds:
+            old_lo, old_hi = slice_bounds(s, n)
             with opened(DurableState(source), heads.get(s), n) as old:
                 if old is None:
                     continue
@@ -171,12 +194,20 @@ def _rewrite(
                     who = owner(k)
                     if who is None:
                         continue
-                    t = slice_of(key_hash(who), m)
-                    if slice_of(key_hash(who), n) != s:
+                    h = key_hash(who)
+                    t = slice_of(h, m)
+                    if not old_lo <= h < old_hi:
                         raise ResliceError(
                             f"slice {s} of {source.app!r} holds key {who!r}, whose MD5 belongs "
-                            "to another slice: its records were routed by explicit hash key, "
-                            "so the key alone cannot say where it goes; re-slicing refused"
+                            f"to slice {slice_of(h, n)}: its records were routed by explicit "
+                            "hash key (or it was written with slice_state), so the key alone "
+                            "cannot say where it goes; re-slicing refused"
+                        )
+                    lo, hi = slice_bounds(t, m)
+                    if t not in stores or not lo <= h < hi:
+                        raise ResliceError(
+                            f"key {who!r} of old slice {s} would land in new slice {t}, "
+                            f"outside {news}; re-slicing refused"
                         )
                     before.add(k, v)
                     written[t].add(k, v)

@@ -370,6 +370,7 @@ def _reslice(args: argparse.Namespace) -> int:
     target = _location(args, "to_")
     reslice.check_target(loc, target)
     groups = reslice.plan_groups(slices, args.to_slices)
+    reslice.check_routing(slices, args.md5_routed)
     committed = sum(1 for h in heads.values() if h.committed)
     data: dict[str, Any] = {
         "source": loc.app,
@@ -392,8 +393,9 @@ def _reslice(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     with _bar(args, "re-slicing", slices) as bar:
         report = reslice.reslice(
-            loc, target, args.to_slices, threads=args.threads, on_progress=bar.callback
-        )
+            loc, target, args.to_slices, threads=args.threads, on_progress=bar.callback,
+            md5_routed=args.md5_routed,
+        )  # fmt: skip
     found = progress.latest(loc)
     if found is not None:
         progress.set_latest(target, found)
@@ -529,5 +531,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--to-table", help="default shardless-TO_APP")
     p.add_argument("--to-prefix", help="default TO_APP")
     p.add_argument("--apply", action="store_true", help="write it (default: dry run)")
+    p.add_argument(
+        "--md5-routed",
+        action="store_true",
+        help="every record was routed by its partition key's MD5 (no explicit hash keys); "
+        "needed from 1 slice, where keys cannot be checked",
+    )
     safety(p)
     threads(p)

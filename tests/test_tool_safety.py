@@ -17,9 +17,12 @@ from changelog import gc, reslice, resources
 from changelog.errors import ChangelogError
 from changelog.layout import AppLocation
 from processor import cli
+from processor.handlers import HandlerFactory
 from processor.routing import route
+from processor.runtime import GroupRunner, RuntimeConfig
 from processor.state_source import StateReader
 from state import encoding
+from state.slices import HASH_SPACE, key_hash, slice_of
 from tests.test_runtime import KEYS, SLICES, durable_counts, frame, runner
 
 HOUR_MS = 3600 * 1000
@@ -230,3 +233,40 @@ def test_gc_beside_commits_between_its_listing_and_its_deletions(location, tmp_p
     done = next(batch)
     assert durable_counts(location) == expected(range(done))
     assert set(gc.referenced(location, SLICES)) <= objects(location)
+
+
+# ---- reslice's routing check -----------------------------------------------------------------
+
+
+def one_slice_app(loc: AppLocation, tmp_path: Path, key: str, explicit: int) -> None:
+    """One slice whose only key's records carry an explicit hash key."""
+    resources.ensure(loc, 1)
+    cfg = RuntimeConfig(loc, 1, str(tmp_path / "stores"))
+    runner_1 = GroupRunner(HandlerFactory(lambda event, ctx: ctx.state.set({"n": 1})), cfg)
+    pdf = frame([key])
+    pdf["explicit_hash_key"] = str(explicit)
+    pdf["slice"] = 0
+    runner_1.run(0, "q", 0, pdf, {}, 1_000)
+
+
+def test_reslice_of_one_slice_refuses_keys_it_cannot_check(aws, tmp_path):
+    source = AppLocation.default(f"t-one-{os.urandom(4).hex()}")
+    key = "user-1"
+    md5_half = slice_of(key_hash(key), 2)
+    explicit = (1 - md5_half) * (HASH_SPACE // 2) + 12345  # its records go to the other half
+    one_slice_app(source, tmp_path, key, explicit)
+    target = AppLocation.default(f"{source.app}-2")
+    with pytest.raises(ChangelogError, match="explicit hash key"):
+        reslice.reslice(source, target, 2)
+    # an operator who knows every record was routed by its partition key says so
+    assert reslice.reslice(source, target, 2, md5_routed=True).verified
+
+
+def test_reslice_refuses_slice_state_written_under_another_slices_key(location, tmp_path):
+    def handler(event, ctx) -> None:  # noqa: ANN001
+        ctx.slice_state.put(f"{event.key}#daily", 1)
+
+    key = next(k for k in KEYS if route(f"{k}#daily", None, SLICES) != route(k, None, SLICES))
+    runner(location, tmp_path, handler).run(0, "q", 0, frame([key]))
+    with pytest.raises(ChangelogError, match=rf"'{key}#daily'.*slice_state"):
+        reslice.reslice(location, AppLocation.default(f"{location.app}-32"), 32)
