@@ -8,6 +8,8 @@ partition g: every partition gets exactly one group and the load is even.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 _C1 = 0xCC9E2D51
 _C2 = 0x1B873593
 _MASK = 0xFFFFFFFF
@@ -38,6 +40,11 @@ def spark_partition(value: int, partitions: int) -> int:
     return murmur3_int(value) % partitions
 
 
+@lru_cache(maxsize=16)
+def _keys(partitions: int) -> tuple[int, ...]:
+    return tuple(group_keys(partitions))
+
+
 def group_keys(partitions: int) -> list[int]:
     """For each partition p, the smallest non-negative int key that Spark sends to p."""
     keys: list[int | None] = [None] * partitions
@@ -61,3 +68,12 @@ def group_slices(group: int, slices: int, groups: int) -> range:
     lo = -((-group * slices) // groups)
     hi = -((-(group + 1) * slices) // groups)
     return range(lo, hi)
+
+
+def slices_of_key(key: int, slices: int, partitions: int) -> range:
+    """The slices whose rows a job laid out for `partitions` sends to group key `key`
+    (empty for a key it never uses)."""
+    keys = _keys(partitions)
+    if key not in keys:
+        return range(0)
+    return group_slices(keys.index(key), slices, partitions)

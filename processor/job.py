@@ -153,7 +153,21 @@ def outputs(
     Spark calls per group, built as `runner(handlers, RuntimeConfig)` (a benchmark swaps in
     one that does no state work).
     """
+    from processor import progress
+
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    fixed_by_checkpoint = progress.checkpoint_partitions(spark, cfg.checkpoint)
+    if fixed_by_checkpoint is not None and fixed_by_checkpoint != partitions:
+        log.warning(
+            "spark.sql.shuffle.partitions=%s, but checkpoint %s fixed %s partitions for its "
+            "state: laying the groups out for %s (a new group count needs a new checkpoint "
+            "with --starting-position COMMITTED)",
+            partitions,
+            cfg.checkpoint,
+            fixed_by_checkpoint,
+            fixed_by_checkpoint,
+        )
+        partitions = fixed_by_checkpoint
     if partitions != cfg.groups:
         log.warning(
             "spark.sql.shuffle.partitions=%s, groups=%s: using %s",
@@ -207,6 +221,7 @@ def outputs(
             fixed_columns={c: v for c, v in fixed.items() if c not in columns},
             policy=cfg.record_policy(),
             dead_letter=cfg.dead_letter,
+            partitions=partitions,
         ),
     )
     return grouped.groupBy("group").applyInPandasWithState(

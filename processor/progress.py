@@ -516,6 +516,21 @@ def checkpoint_offset(spark: Any, checkpoint: str, batch_id: int) -> dict[str, A
     return json.loads(lines[2])  # v1 / batch metadata / one offset per source
 
 
+def checkpoint_partitions(spark: Any, checkpoint: str) -> int | None:
+    """The shuffle partitions Spark's checkpoint fixed for its stateful query (Spark keeps
+    its own value on restart, whatever the session says); None for a new checkpoint."""
+    offsets = f"{checkpoint.rstrip('/')}/offsets"
+    fs, hpath = _hadoop_path(spark, offsets)
+    if not fs.exists(hpath):
+        return None
+    batches = [int(n) for st in fs.listStatus(hpath) if (n := st.getPath().getName()).isdigit()]
+    if not batches:
+        return None
+    meta = json.loads(_read_lines(spark, f"{offsets}/{max(batches)}")[1])
+    found = meta.get("conf", {}).get("spark.sql.shuffle.partitions")
+    return None if found is None else int(found)
+
+
 def checkpoint_query(spark: Any, checkpoint: str) -> str:
     """The query id Spark keeps in the checkpoint (`metadata`), which the runtime commits
     under (`sql.streaming.queryId`)."""

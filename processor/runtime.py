@@ -51,6 +51,7 @@ from changelog.transfer_process import TRANSFER_PROCESS_BYTES, transfer_process
 from processor.api import Event
 from processor.dead_letter import DeadLetter, target
 from processor.errors import ProcessorError
+from processor.grouping import slices_of_key
 from processor.handlers import HandlerFactory, handler_for
 from processor.owner import OWNER_IDLE_SECONDS
 from processor.policies import RecordPolicy
@@ -99,6 +100,9 @@ class RuntimeConfig:
     # "process": the group's owner process on this host does (`processor.owner`)
     group_owner: str = "worker"
     owner_idle_seconds: int = OWNER_IDLE_SECONDS
+    # the shuffle partitions the job laid its group keys out for: a group then refuses
+    # slices outside its range (None: no check, for callers without Spark)
+    partitions: int | None = None
 
     def dead_letter_target(self) -> str:
         return self.dead_letter or f"s3://{self.location.bucket}/{self.location.prefix}/dead-letter"
@@ -124,11 +128,13 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, default=str, separators=(",", ":"))
 
 
-def _plan(s: int, head: Head | None, query: str, batch: int) -> tuple[int, int, bool]:
+def _plan(s: int, head: Head | None, query: str, batch: int, group: int) -> tuple[int, int, bool]:
     """The version slice `s` must start this batch from, and whether this is a re-run.
 
-    A head written by this very batch of this query means Spark is running the batch
-    again: start from the version before it and commit in its place.
+    A head written by this very batch of this query, by this group, means Spark is running
+    the batch again: start from the version before it and commit in its place. Written in
+    this batch by another group, it is not ours to replace: two groups touched the slice
+    (a group layout that changed under a running checkpoint), and the batch fails.
     """
     if head is not None and head.query == query and head.batch > batch:
         raise ProcessorError(
@@ -136,6 +142,13 @@ def _plan(s: int, head: Head | None, query: str, batch: int) -> tuple[int, int, 
             f"batch {batch}; the checkpoint is older than the state"
         )
     rerun = head is not None and head.query == query and head.batch == batch
+    if rerun and head is not None and head.log and head.log[-1].group != group:
+        raise ProcessorError(
+            f"slice {s}: group {head.log[-1].group} already committed it in batch {batch} of "
+            f"this query, and group {group} is running it too: the job's group layout "
+            "changed under its checkpoint (spark.sql.shuffle.partitions must stay as the "
+            "checkpoint has it)"
+        )
     base = 0 if head is None else head.version - (1 if rerun else 0)
     return s, base, rerun
 
@@ -185,6 +198,21 @@ def _prepare(pdf: pd.DataFrame | None, fixed: dict[str, Any]) -> _Input:
     data = pdf["data"].to_numpy()[order].tolist()
     events = list(map(Event, *cols, arrivals, data, order.tolist()))
     return _Input(len(order), events, spans)
+
+
+def _check_range(group: int, slices: list[int], total: int, partitions: int) -> None:
+    """Refuse slices (records or pending timers) outside the group's range: another group
+    owns them, and two groups committing one slice in a batch would each take the other's
+    commit for a re-run of its own."""
+    own = slices_of_key(group, total, partitions)
+    stray = [s for s in slices if s not in own]
+    if stray:
+        raise ProcessorError(
+            f"group {group} was given slices {stray[:10]} outside its range "
+            f"{own.start}-{own.stop - 1} of {total} slices in {partitions} partitions: the "
+            "job's group layout does not match the one this checkpoint's state was built "
+            "with (keep spark.sql.shuffle.partitions as the checkpoint has it)"
+        )
 
 
 class _StaleHeads(Exception):
@@ -399,6 +427,8 @@ class GroupRunner:
         pending = dict(pending_in or {})
         spans = data.spans
         slices = sorted(set(spans) | set(_due(pending, now_ms, watermark_ms)))
+        if cfg.partitions is not None:
+            _check_range(group, slices, cfg.slices, cfg.partitions)
         metrics: dict[str, Any] = {
             "group": group,
             "records": data.records,
@@ -412,7 +442,7 @@ class GroupRunner:
         heads = {**known, **(durable.heads(unknown) if unknown else {})}
         metrics["heads_known"], metrics["heads_read"] = len(known), len(unknown)
         lap("heads")
-        plans = [_plan(s, heads.get(s), query, batch) for s in slices]
+        plans = [_plan(s, heads.get(s), query, batch, group) for s in slices]
         stores = cache.acquire_many([(s, heads.get(s), base) for s, base, _ in plans], durable)
         for _store, _head, restored in stores.values():
             if restored is not None:
