@@ -51,6 +51,15 @@ def _local_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def default_checkpoint(app: str) -> str:
+    """`<user state dir>/checkpoints/<app>`, under a private (0o700) `checkpoints` made
+    now: `$XDG_STATE_HOME/shardless` or `~/.local/state/shardless`. (`app` is checked by
+    `JobConfig` before anything is made under it.)"""
+    from processor.config import private_dir, user_state_dir
+
+    return str(private_dir(user_state_dir() / "checkpoints") / app)
+
+
 def _run(args: argparse.Namespace) -> int:
     from processor.app import load_handler
     from processor.config import JobConfig
@@ -61,7 +70,7 @@ def _run(args: argparse.Namespace) -> int:
     cfg = JobConfig(
         app=args.app,
         streams=tuple(args.stream),
-        checkpoint=args.checkpoint or f"/tmp/shardless-checkpoints/{args.app}",
+        checkpoint=args.checkpoint or default_checkpoint(args.app),
         slices=args.slices,
         groups=args.groups,
         starting_position=args.starting_position,
@@ -155,8 +164,15 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--stream", action="append", required=True, help="Kinesis stream (repeat)")
     run.add_argument("--slices", type=int, default=256)
     run.add_argument("--groups", type=int, default=8, help="Spark shuffle partitions")
-    run.add_argument("--checkpoint", help="Spark checkpoint directory")
-    run.add_argument("--local-dir", help="where executors keep slice stores")
+    run.add_argument(
+        "--checkpoint",
+        help="Spark checkpoint directory (default: ~/.local/state/shardless/checkpoints/APP)",
+    )
+    run.add_argument(
+        "--local-dir",
+        help="where executors keep slice stores (default: $SHARDLESS_LOCAL_DIR, else "
+        "~/.cache/shardless)",
+    )
     run.add_argument("--output", help="write outputs as Parquet here (default: console)")
     run.add_argument(
         "--starting-position",

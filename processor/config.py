@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import stat
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlparse
 
 from changelog.errors import ConfigurationError
@@ -17,6 +20,72 @@ from processor.owner import check_supported
 from processor.policies import RecordPolicy
 from state.slices import DEFAULT_SLICES, check_slices
 
+LOCAL_DIR_ENV = "SHARDLESS_LOCAL_DIR"
+
+
+def _user_dir(env: str, fallback: str) -> Path:
+    """`$env` if it is an absolute path (the XDG rule), else `~/<fallback>`; without a
+    home, `<tmp>/shardless-<uid>/<fallback>` (checked like any other by `private_dir`)."""
+    base = os.environ.get(env, "")
+    if os.path.isabs(base):
+        return Path(base)
+    try:
+        return Path.home() / fallback
+    except (RuntimeError, KeyError):
+        return Path(tempfile.gettempdir()) / f"shardless-{os.geteuid()}" / fallback
+
+
+def user_cache_dir() -> Path:
+    """The user's own `shardless` cache: `$XDG_CACHE_HOME/shardless` or `~/.cache/shardless`."""
+    return _user_dir("XDG_CACHE_HOME", ".cache") / "shardless"
+
+
+def user_state_dir() -> Path:
+    """The user's own `shardless` state: `$XDG_STATE_HOME/shardless` or
+    `~/.local/state/shardless`."""
+    return _user_dir("XDG_STATE_HOME", ".local/state") / "shardless"
+
+
+def default_local_dir() -> str:
+    """`$SHARDLESS_LOCAL_DIR`, else `user_cache_dir()`."""
+    return os.environ.get(LOCAL_DIR_ENV) or str(user_cache_dir())
+
+
+def private_dir(path: str | Path, create: bool = True) -> Path:
+    """`path`, made with mode 0o700 (and its missing parents) when missing and `create`.
+
+    ConfigError when it exists but is not a directory, is owned by another user, or is
+    writable by others: whoever can write there can plant or swap what is read back.
+    """
+    where = Path(path)
+    if create and not os.path.lexists(where):
+        try:
+            where.mkdir(mode=0o700, parents=True)
+        except FileExistsError:
+            pass  # made meanwhile: checked below like any other
+        except OSError as exc:
+            raise ConfigError(f"cannot create the directory {str(where)!r}: {exc}") from exc
+        else:
+            where.chmod(0o700)  # whatever the umask
+    if not os.path.lexists(where):
+        return where
+    uid = os.geteuid()
+    for st, what in ((os.lstat(where), "it"), (os.stat(where), "what it links to")):
+        if st.st_uid != uid:
+            raise ConfigError(
+                f"directory {str(where)!r}: {what} is owned by uid {st.st_uid}, not by this "
+                f"user (uid {uid}); refusing to keep state there: remove it or pick another"
+            )
+    st = os.stat(where)
+    if not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{str(where)!r} is not a directory")
+    if st.st_mode & stat.S_IWOTH:
+        raise ConfigError(
+            f"directory {str(where)!r} is writable by others (mode {stat.S_IMODE(st.st_mode):o});"
+            f" refusing to keep state there: chmod o-w it (700 is best) or pick another"
+        )
+    return where
+
 
 @dataclass(frozen=True)
 class JobConfig:
@@ -27,7 +96,10 @@ class JobConfig:
     slices:     hash slices of the application's state (fixed for the life of its state).
     groups:     Spark shuffle partitions; each runs a contiguous run of slices.
     checkpoint: Spark's checkpoint directory for this query.
-    local_dir:  where executors keep slice stores (a cache; losing it costs only time).
+    local_dir:  where executors keep slice stores (a cache; losing it costs only time);
+                default `$SHARDLESS_LOCAL_DIR`, else the user's `~/.cache/shardless`
+                (made 0o700). A directory owned by another user or writable by others is
+                refused.
     starting_position: TRIM_HORIZON, LATEST, AT_TIMESTAMP:<time>, or COMMITTED (where the
                 application's committed state left off; for a new checkpoint).
     on_trimmed: fail | oldest: a source position older than the stream's retention.
@@ -46,9 +118,7 @@ class JobConfig:
     checkpoint: str
     slices: int = DEFAULT_SLICES
     groups: int = 8
-    local_dir: str = field(
-        default_factory=lambda: os.environ.get("SHARDLESS_LOCAL_DIR", "/tmp/shardless-state")
-    )
+    local_dir: str = field(default_factory=default_local_dir)
     bucket: str | None = None
     prefix: str | None = None
     table: str | None = None
@@ -82,6 +152,9 @@ class JobConfig:
             raise ConfigError(f"--app: {exc}") from exc
         if not self.streams:
             raise ConfigError("no Kinesis stream given: pass at least one --stream")
+        # The user's own default is made here, private; another is checked if it exists
+        # (executors make it, and on a cluster it need not exist where the driver runs).
+        private_dir(self.local_dir, create=self.local_dir == str(user_cache_dir()))
         try:
             check_slices(self.slices)
         except ValueError as exc:

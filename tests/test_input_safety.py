@@ -1,15 +1,19 @@
-"""Inputs that must not reach S3, DynamoDB or the local disk unchecked: application names
-and local directories."""
+"""Inputs that must not reach S3, DynamoDB, Kinesis or the local disk unchecked: application
+names, partition keys with a lone surrogate, and local directories."""
 
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 import uuid
+from pathlib import Path
 
 import pytest
 
 from changelog.errors import ConfigurationError
 from changelog.layout import AppLocation, check_app_name
+from processor import cli
 from processor.config import JobConfig
 from processor.errors import ConfigError
 from processor.kinesis import reader
@@ -125,3 +129,93 @@ def test_the_sink_puts_an_output_whose_key_has_a_lone_surrogate():
     entry = record("q", 1, 0, 0, LONE, "1")
     assert entry["PartitionKey"] == "\ufffd"
     assert [len(c) for c in chunks([entry])] == [1]
+
+
+# --- local directories ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):  # noqa: ANN001, ANN201
+    """A fresh home, no XDG or shardless variables, and a permissive umask."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for var in ("XDG_CACHE_HOME", "XDG_STATE_HOME", "SHARDLESS_LOCAL_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    old = os.umask(0o002)
+    yield tmp_path / "home"
+    os.umask(old)
+
+
+def job(**fields: object) -> JobConfig:
+    return JobConfig(app="a", streams=("s",), checkpoint="/c", **fields)  # type: ignore[arg-type]
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_the_default_local_dir_is_the_users_own_and_made_private(home, tmp_path, monkeypatch):
+    cfg = job()
+    assert cfg.local_dir == str(home / ".cache" / "shardless")
+    assert cfg.local_dir != "/tmp/shardless-state"
+    assert mode(Path(cfg.local_dir)) == 0o700
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert job().local_dir == str(tmp_path / "xdg" / "shardless")
+    assert mode(tmp_path / "xdg" / "shardless") == 0o700
+    monkeypatch.setenv("SHARDLESS_LOCAL_DIR", str(tmp_path / "env"))
+    assert job().local_dir == str(tmp_path / "env")
+
+
+def test_a_local_dir_writable_by_others_is_refused(home, tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(ConfigError, match=rf"{shared}' is writable by others \(mode 777\)"):
+        job(local_dir=str(shared))
+    (home / ".cache" / "shardless").mkdir(parents=True)
+    (home / ".cache" / "shardless").chmod(0o757)
+    with pytest.raises(ConfigError, match="writable by others"):
+        job()
+    shared.chmod(0o755)
+    assert job(local_dir=str(shared)).local_dir == str(shared)
+    assert job(local_dir=str(tmp_path / "made-by-executors")).local_dir  # need not exist
+
+
+def test_a_local_dir_owned_by_another_user_is_refused(home, tmp_path, monkeypatch):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    uid = os.geteuid()
+    monkeypatch.setattr(os, "geteuid", lambda: uid + 1)
+    with pytest.raises(ConfigError, match=rf"owned by uid {uid}, not by this user"):
+        job(local_dir=str(theirs))
+    monkeypatch.undo()
+    # a link of ours to a directory of someone else's, as planted in a shared /tmp
+    link = home / ".cache" / "shardless"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(theirs)
+    monkeypatch.setattr(os, "geteuid", lambda: uid + 1)
+    with pytest.raises(ConfigError, match="owned by uid"):
+        job()
+
+
+def test_the_cli_default_checkpoint_is_the_users_own_and_private(home, tmp_path, monkeypatch):
+    seen: list[JobConfig] = []
+
+    class Query:
+        def awaitTermination(self) -> None:  # noqa: N802
+            pass
+
+    def fake_start(spark, handler, cfg, **_: object) -> Query:  # noqa: ANN001
+        seen.append(cfg)
+        return Query()
+
+    monkeypatch.setattr("processor.job.start", fake_start)
+    monkeypatch.setattr("processor.spark.session", lambda *a, **k: None)
+    app = tmp_path / "app.py"
+    app.write_text("def process(event, ctx):\n    pass\n")
+    assert cli.main(["run", str(app), "--app", "clicks", "--stream", "s"]) == 0
+    checkpoints = home / ".local" / "state" / "shardless" / "checkpoints"
+    assert seen[-1].checkpoint == str(checkpoints / "clicks")
+    assert mode(checkpoints) == 0o700
+    assert seen[-1].local_dir == str(home / ".cache" / "shardless")
+    checkpoints.chmod(0o777)
+    assert cli.main(["run", str(app), "--app", "clicks", "--stream", "s"]) == 2
