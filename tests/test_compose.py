@@ -1,5 +1,6 @@
 """docker-compose.yml cannot run here (no Docker engine); prove what can be proven: it
-parses, every command and path it names exists in the repo, and host ports do not clash."""
+parses, every command and path it names exists in the repo, and host ports do not clash
+and listen on loopback only."""
 
 from __future__ import annotations
 
@@ -55,9 +56,46 @@ def test_workers_have_one_core_each_and_reach_the_master():
     assert "spark://spark-master:7077" in SERVICES["job"]["command"]
 
 
+def published(svc: dict) -> list[tuple[str, str, str]]:
+    """(host address, host port, container port) of each published port ("" for any
+    address), in the short syntax `[ip:]host:container` or the long one."""
+    out = []
+    for p in svc.get("ports", []):
+        if isinstance(p, dict):
+            out.append((p.get("host_ip", ""), str(p.get("published", "")), str(p["target"])))
+            continue
+        parts = str(p).rsplit(":", 2)
+        if len(parts) == 1:  # a container port alone: Docker picks a host port on every address
+            out.append(("", "", parts[0]))
+        else:
+            out.append(("" if len(parts) == 2 else parts[0], parts[-2], parts[-1]))
+    return out
+
+
 def test_host_ports_do_not_clash():
-    host_ports = [p.split(":")[0] for svc in SERVICES.values() for p in svc.get("ports", [])]
+    host_ports = [port for svc in SERVICES.values() for _, port, _ in published(svc)]
     assert len(host_ports) == len(set(host_ports))
+
+
+def test_published_ports_listen_on_loopback_only():
+    """The Spark master (7077) takes jobs from anyone who reaches it and moto takes any
+    credentials: nothing is published on all interfaces."""
+    for name, svc in SERVICES.items():
+        for host_ip, port, target in published(svc):
+            assert host_ip in ("127.0.0.1", "[::1]"), (
+                f"{name} publishes {target} on all interfaces (as host port {port or 'any'}): "
+                f"write it 127.0.0.1:{port or target}:{target}"
+            )
+
+
+def test_the_port_parser_sees_every_form():
+    svc = {"ports": ["5000:5000", "127.0.0.1:7077:7077", "8080", {"target": 1, "published": 2}]}
+    assert published(svc) == [
+        ("", "5000", "5000"),
+        ("127.0.0.1", "7077", "7077"),
+        ("", "", "8080"),
+        ("", "2", "1"),
+    ]
 
 
 def test_the_job_talks_only_to_the_emulators_in_the_stack():
