@@ -1,0 +1,801 @@
+"""The world `bench.protocol` drives: one small application, its workers, its queries and
+the oracle (a plain fold of the accepted batches).
+
+Every step calls the real runtime (`GroupRunner.run`), the real driver functions
+(`processor.progress`) and the real tools (`changelog.rollback`, `changelog.gc`, `state
+restore`) in this process, against the emulators the environment points at. Crash points,
+speculative twins and zombies are wrappers around the real functions, in place only while
+their step (or their zombie) lives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import inspect
+import io
+import json
+import random
+import shutil
+import tempfile
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from changelog import aws, gc, resources, rollback
+from changelog.durable import DurableState
+from changelog.errors import ChangelogError
+from changelog.layout import AppLocation, head_item
+from changelog.restore import materialize
+from processor import progress, state_cli
+from processor.errors import ProcessorError
+from processor.grouping import group_slices
+from processor.handlers import HandlerFactory
+from processor.routing import route
+from processor.runtime import GroupRunner, RuntimeConfig
+from processor.stores import StoreCache, close_caches
+from state import encoding
+from state.keys import data_key, record_key
+from state.store import SliceStore
+
+T0 = 1_800_000_000_000  # processing time of input batch 0
+STEP_MS = 1_000  # processing time between input batches
+FAR_MS = 10**9  # the last batch of a run is this far in the future: every timer is due
+Step = list[Any]
+
+
+# ---- the application: input, handler, fold ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Spec:
+    """The shape of one run's application."""
+
+    slices: int = 8
+    keys: int = 24
+    batches: int = 6
+    per_batch: int = 6
+    workers: int = 3
+    timers: bool = True
+    snapshot_every: int = 2
+    keep_snapshots: int = 2
+
+
+@dataclass(frozen=True)
+class Rec:
+    id: int
+    key: str
+    timer: int | None  # the processing-time timer the record sets, if any
+
+
+def make_input(rng: random.Random, spec: Spec) -> list[list[Rec]]:
+    """Input batches: record ids in stream order, a few keys, a timer on some records."""
+    out, rid = [], 0
+    for b in range(spec.batches):
+        batch = []
+        for _ in range(rng.randint(1, spec.per_batch)):
+            ts = None
+            if spec.timers and rid % 3 == 0:
+                ts = now_of(b) + (1 + rid % 2) * STEP_MS - 500 + rid % 500
+            batch.append(Rec(rid, f"k{rng.randrange(spec.keys)}", ts))
+            rid += 1
+        out.append(batch)
+    return out
+
+
+def now_of(index: int) -> int:
+    """The processing time of input batch `index` (Spark keeps it on a re-run)."""
+    return T0 + index * STEP_MS
+
+
+def process(event: Any, ctx: Any) -> None:
+    rec = json.loads(event.data)
+    st = ctx.state.get(None) or {"ids": [], "fired": []}
+    st["ids"].append(rec["id"])
+    ctx.state.set(st)
+    if rec["t"] is not None:
+        ctx.timers.set(rec["t"])
+    ctx.emit({"id": rec["id"], "n": len(st["ids"])})
+
+
+def on_timer(timer: Any, ctx: Any) -> None:
+    st = ctx.state.get(None) or {"ids": [], "fired": []}
+    st["fired"].append(timer.ts)
+    ctx.state.set(st)
+    ctx.emit({"timer": timer.ts})
+
+
+def frame(records: list[Rec], slices: int, only: range) -> pd.DataFrame | None:
+    """The records of one group, as Spark hands them to the runtime (shuffled)."""
+    rows = []
+    for r in records:
+        s = route(r.key, None, slices)
+        if s not in only:
+            continue
+        seq = str(10**30 + r.id)
+        rows.append(
+            {
+                "stream": "s",
+                "shard": "shardId-0",
+                "sequence_number": seq,
+                "subsequence": 0,
+                "partition_key": r.key,
+                "explicit_hash_key": None,
+                "arrival": datetime(2026, 1, 1, tzinfo=UTC),
+                "data": json.dumps({"id": r.id, "t": r.timer}).encode(),
+                "slice": s,
+                "stream_order": "0000" + seq.rjust(64, "0") + "0" * 10,
+            }
+        )
+    if not rows:
+        return None
+    return pd.DataFrame(rows).sample(frac=1, random_state=len(rows))
+
+
+@dataclass
+class Fold:
+    """The oracle: per key, the record ids in stream order; per output, what it says."""
+
+    ids: dict[str, list[int]] = field(default_factory=dict)
+
+    def apply(self, records: list[Rec]) -> dict[int, int]:
+        """Fold one batch; return each record's output (its key's count after it)."""
+        out = {}
+        for r in records:
+            self.ids.setdefault(r.key, []).append(r.id)
+            out[r.id] = len(self.ids[r.key])
+        return out
+
+
+# ---- the world --------------------------------------------------------------------------
+
+
+class Violation(Exception):
+    """An invariant broke."""
+
+    def __init__(self, invariant: str, message: str) -> None:
+        super().__init__(f"{invariant}: {message}")
+        self.invariant = invariant
+        self.message = message
+
+
+class Crash(RuntimeError):
+    """A worker dies at a crash point."""
+
+
+REFUSALS = (ProcessorError, ChangelogError)
+
+
+@dataclass
+class Query:
+    """A Spark query (a checkpoint) as its driver sees it."""
+
+    id: str
+    groups: int
+    cursor: int  # the input batch its current Spark batch reads
+    batch: int = 0  # its current Spark batch id
+    fenced: list[str] = field(default_factory=list)  # what `register` returned
+    pending: dict[int, dict] = field(default_factory=dict)  # Spark's group state
+    done: dict[int, tuple[list, dict]] = field(default_factory=dict)  # group -> outputs, pending
+    dead: bool = False  # its driver stopped (a refusal it cannot get past)
+
+
+@dataclass
+class Accepted:
+    query: str
+    batch: int
+    index: int  # the input batch
+    timers: list[tuple[str, int]]  # timer outputs of the batch
+
+
+class World:
+    """One run: a fresh application, its workers, queries and the oracle."""
+
+    def __init__(self, spec: Spec, inputs: list[list[Rec]], root: Path) -> None:
+        self.spec = spec
+        self.input = inputs
+        self.root = root
+        self.app = f"pr-{uuid.uuid4().hex[:12]}"
+        self.loc = AppLocation.default(self.app)
+        resources.ensure(self.loc, spec.slices)
+        self.queries: list[Query] = []
+        self.lineage: list[Accepted] = []
+        self.zombie: tuple[threading.Thread, threading.Event, threading.Event, int] | None = None
+        self.zombie_result: list[Any] = []
+        self.refused = 0
+        self.gc_runs = 0
+        self.outcomes: list[str] = []  # per step: ok, skip, refused: <why>
+        self._checked: dict[int, tuple[bytes, dict[str, Any]]] = {}
+        self.handler = HandlerFactory(process, on_timer=on_timer)
+
+    # -- helpers --
+
+    def worker_dir(self, w: int) -> Path:
+        return self.root / f"w{w}"
+
+    def runner(self, w: int) -> GroupRunner:
+        cfg = RuntimeConfig(
+            self.loc,
+            self.spec.slices,
+            str(self.worker_dir(w)),
+            snapshot_every=self.spec.snapshot_every,
+            keep_snapshots=self.spec.keep_snapshots,
+            transfer_process_bytes=None,
+        )
+        return GroupRunner(self.handler, cfg)
+
+    def kill(self, w: int) -> None:
+        """The worker's process dies: its open stores are closed (its files stay)."""
+        close_caches(str(self.worker_dir(w)))
+
+    def busy(self, w: int) -> bool:
+        return self.zombie is not None and self.zombie[3] == w
+
+    def live(self, qi: int) -> Query | None:
+        if 0 <= qi < len(self.queries):
+            q = self.queries[qi]
+            if not q.dead and q.cursor < len(self.input):
+                return q
+        return None
+
+    def attempt(self, q: Query, g: int, w: int) -> tuple[list, dict]:
+        """One task attempt of group g of q's current batch on worker w."""
+        only = group_slices(g, self.spec.slices, q.groups)
+        pdf = frame(self.input[q.cursor], self.spec.slices, only)
+        out, pending = self.runner(w).run(
+            g, q.id, q.batch, pdf, dict(q.pending.get(g, {})), now_of(q.cursor)
+        )
+        rows = out[out.kind == "out"]
+        outs = sorted(zip(rows.key.tolist(), rows.value.tolist(), strict=True))
+        return outs, pending
+
+    def refuse(self, why: BaseException | str) -> str:
+        self.refused += 1
+        text = why if isinstance(why, str) else f"{type(why).__name__}: {why}"
+        return f"refused: {text[:300]}"
+
+    def settle(self, q: Query, g: int, outs: list, pending: dict) -> None:
+        """A successful attempt: Spark keeps its outputs (all attempts must agree)."""
+        before = q.done.get(g)
+        if before is not None and before[0] != outs:
+            raise Violation(
+                "attempts_disagree",
+                f"two successful attempts of query {q.id[:8]} batch {q.batch} group {g} "
+                f"emitted different outputs: {before[0][:4]} vs {outs[:4]}",
+            )
+        q.done[g] = (outs, pending)
+
+    # -- steps --
+
+    def step(self, step: Step) -> str:
+        kind, *args = step
+        fn: Callable[..., str] = getattr(self, f"do_{kind}")
+        return fn(*args)
+
+    def do_start(self, groups: int) -> str:
+        """A new checkpoint: the first query, else one started with COMMITTED."""
+        qid = f"q{len(self.queries):07d}-{uuid.uuid4().hex}"
+        if not self.queries:
+            progress.register(self.loc, qid, 0, None)
+            self.queries.append(Query(qid, groups, 0))
+            return "ok"
+        try:
+            found, positions = progress.committed_start(self.loc)
+        except REFUSALS as exc:
+            if "no recorded progress" not in str(exc):
+                return self.refuse(exc)
+            # nothing completed yet: the operator starts over from the stream's start
+            found, positions = None, {}
+        cursor = int(positions["s/shardId-0"]["after"]) + 1 if found else 0
+        start_from = {"query": found["query"], "batch": found["batch"]} if found else None
+        more = {}
+        if found is None and "recount" in inspect.signature(progress.register).parameters:
+            more["recount"] = True  # nothing was accepted: nothing can count again
+        try:
+            fenced = progress.register(self.loc, qid, 0, start_from, **more)
+        except REFUSALS as exc:
+            return self.refuse(exc)
+        self.queries.append(Query(qid, groups, cursor, fenced=fenced))
+        self.check_exact("committed_start")
+        return "ok"
+
+    def do_run(self, qi: int, g: int, w: int, crash: str | None = None) -> str:
+        q = self.live(qi)
+        if q is None or g >= q.groups or self.busy(w):
+            return "skip"
+        try:
+            with crash_point(crash):
+                outs, pending = self.attempt(q, g, w)
+        except Crash:
+            self.kill(w)
+            return f"crashed after {crash}"
+        except REFUSALS as exc:
+            return self.refuse(exc)
+        self.settle(q, g, outs, pending)
+        return "ok"
+
+    def do_twin(self, qi: int, g: int, w1: int, w2: int) -> str:
+        """A speculative copy: w2's attempt runs whole while w1's waits at its commit."""
+        q = self.live(qi)
+        if q is None or g >= q.groups or w1 == w2 or self.busy(w1) or self.busy(w2):
+            return "skip"
+        results: list[Any] = []
+
+        def second() -> None:
+            try:
+                results.append(self.attempt(q, g, w2))
+            except REFUSALS as exc:
+                results.append(exc)
+
+        try:
+            with before_first_commit(second):
+                first: Any = self.attempt(q, g, w1)
+        except REFUSALS as exc:
+            first = exc
+        said = []
+        for r in [*results, first]:
+            if isinstance(r, BaseException):
+                said.append(self.refuse(r))
+            else:
+                self.settle(q, g, *r)
+                said.append("ok")
+        return "; ".join(said)
+
+    def do_zombie(self, qi: int, g: int, w: int) -> str:
+        """An attempt that stalls after its segment PUT, until `resume`."""
+        q = self.live(qi)
+        if q is None or g >= q.groups or self.zombie is not None:
+            return "skip"
+        arrived, release = threading.Event(), threading.Event()
+        self.zombie_result = []
+        query = Query(q.id, q.groups, q.cursor, q.batch, pending=dict(q.pending))
+
+        def body() -> None:
+            try:
+                with stall_commit(arrived, release):
+                    self.zombie_result.append(self.attempt(query, g, w))
+            except BaseException as exc:  # noqa: BLE001 - reported at resume
+                self.zombie_result.append(exc)
+            arrived.set()
+
+        t = threading.Thread(target=body, name="protocol-zombie", daemon=True)
+        t.start()
+        arrived.wait(60)
+        self.zombie = (t, arrived, release, w)
+        return "stalled" if t.is_alive() else "finished at once"
+
+    def do_resume(self) -> str:
+        if self.zombie is None:
+            return "skip"
+        t, _, release, _ = self.zombie
+        release.set()
+        t.join(120)
+        self.zombie = None
+        found = self.zombie_result[0] if self.zombie_result else None
+        if isinstance(found, BaseException):
+            return self.refuse(found)
+        return "ok (its outputs are discarded: Spark gave up on it)"
+
+    def do_record(self, qi: int) -> str:
+        """The driver records the batch once every group succeeded."""
+        q = self.live(qi)
+        if q is None or len(q.done) < q.groups:
+            return "skip"
+        try:
+            progress.record(
+                self.loc,
+                {
+                    "query": q.id,
+                    "batch": q.batch,
+                    "positions": {"s/shardId-0": {"after": str(q.cursor), "done": False}},
+                    "initial": {"type": "TRIM_HORIZON"},
+                    "offset": {"run": q.id[:8], "n": q.batch + 1},
+                    "fenced": q.fenced,
+                },
+            )
+        except REFUSALS as exc:
+            q.dead = True
+            return self.refuse(exc)
+        self.accept(q)
+        return "ok"
+
+    def accept(self, q: Query) -> None:
+        outs = [o for g in sorted(q.done) for o in q.done[g][0]]
+        fold = self.fold()
+        expected = fold.apply(self.input[q.cursor])
+        got: dict[int, int] = {}
+        timers: list[tuple[str, int]] = []
+        for key, value in outs:
+            v = json.loads(value)
+            if "timer" in v:
+                timers.append((key, v["timer"]))
+                if v["timer"] > now_of(q.cursor):
+                    raise Violation("timer_early", f"timer {key}@{v['timer']} fired early")
+            elif v["id"] in got:
+                raise Violation("outputs", f"record {v['id']} emitted twice in one batch")
+            else:
+                got[v["id"]] = v["n"]
+        if got != expected:
+            diff = {i: (got.get(i), expected.get(i)) for i in set(got) | set(expected)}
+            diff = {i: d for i, d in diff.items() if d[0] != d[1]}
+            raise Violation(
+                "outputs",
+                f"query {q.id[:8]} batch {q.batch} (input {q.cursor}): outputs differ from the "
+                f"fold's, id: (emitted n, fold n) {dict(sorted(diff.items())[:6])}",
+            )
+        seen = {t for a in self.lineage for t in a.timers}
+        twice = [t for t in timers if t in seen]
+        if twice or len(set(timers)) != len(timers):
+            raise Violation("timer_twice", f"timers fired again in accepted outputs: {twice}")
+        self.lineage.append(Accepted(q.id, q.batch, q.cursor, timers))
+        q.pending = {g: q.done[g][1] for g in q.done}
+        q.done = {}
+        q.batch += 1
+        q.cursor += 1
+
+    def do_wipe(self, w: int) -> str:
+        if self.busy(w):
+            return "skip"
+        self.kill(w)
+        shutil.rmtree(self.worker_dir(w), ignore_errors=True)
+        return "ok"
+
+    def do_move(self, w1: int, w2: int) -> str:
+        """Worker w1's local directory ends up as w2's (a disk moved between hosts)."""
+        if w1 == w2 or self.busy(w1) or self.busy(w2) or not self.worker_dir(w1).exists():
+            return "skip"
+        self.kill(w1)
+        self.kill(w2)
+        shutil.rmtree(self.worker_dir(w2), ignore_errors=True)
+        shutil.move(str(self.worker_dir(w1)), str(self.worker_dir(w2)))
+        return "ok"
+
+    def do_rollback(self, back: int) -> str:
+        """Roll back to an accepted batch `back` batches before the newest, and make its
+        progress record the latest."""
+        if back >= len(self.lineage):
+            return "skip"
+        target = self.lineage[-1 - back]
+        try:
+            plan = rollback.plan(self.loc, target.query, target.batch)
+            rollback.apply(self.loc, plan)
+            found = progress.at_batch(self.loc, target.query, target.batch)
+            if found is None:
+                raise Violation("record_missing", f"no record of accepted {target}")
+            progress.set_latest(self.loc, found)
+        except REFUSALS as exc:
+            return self.refuse(exc)
+        del self.lineage[len(self.lineage) - back :]
+        self.check_exact("rollback")
+        return "ok"
+
+    def do_rollback_unrecorded(self, qi: int) -> str:
+        """Roll back to before query qi's first batch: a target with no progress record."""
+        if not 0 <= qi < len(self.queries):
+            return "skip"
+        qid = self.queries[qi].id
+        keep = next((i for i, a in enumerate(self.lineage) if a.query == qid), None)
+        if keep is None:
+            return "skip"
+        try:
+            rollback.apply(self.loc, rollback.plan(self.loc, qid, -1))
+        except REFUSALS as exc:
+            return self.refuse(exc)
+        del self.lineage[keep:]
+        return "ok"
+
+    def do_gc(self, aged: bool = True) -> str:
+        """Garbage collection with deletes; `aged`: an hour passes between collections."""
+        self.gc_runs += 1
+        now = None
+        if aged:
+            now = int(datetime.now(UTC).timestamp() * 1000) + self.gc_runs * 2 * 3_600_000
+        try:
+            report = gc.collect(self.loc, self.spec.slices, dry_run=False, now_ms=now)
+        except REFUSALS as exc:
+            return self.refuse(exc)
+        return f"ok ({len(report.deleted)} deleted)"
+
+    def do_restore(self, back: int, s: int) -> str:
+        """`state restore --slice s --batch B --query Q` of an accepted batch, compared with
+        the fold at that batch."""
+        if back >= len(self.lineage) or s >= self.spec.slices:
+            return "skip"
+        target = self.lineage[-1 - back]
+        dest = self.root / f"restore-{uuid.uuid4().hex[:8]}"
+        args = [
+            "state", "restore", "--app", self.app, "--slice", str(s), "--dest", str(dest),
+            "--batch", str(target.batch), "--query", target.query, "--json",
+        ]  # fmt: skip
+        parser = argparse.ArgumentParser()
+        state_cli.add_parser(parser.add_subparsers())
+        ns = parser.parse_args(args)
+        try:
+            err = io.StringIO()
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+                code = state_cli.run(ns)
+        except REFUSALS as exc:
+            code, err = 2, io.StringIO(str(exc))
+        if code != 0:
+            if "no committed state" in err.getvalue():
+                return "ok (empty)"
+            return self.refuse(f"state restore exit {code}: {err.getvalue().strip()}")
+        store = SliceStore(dest, {"app": self.app, "slice": s, "slices": self.spec.slices})
+        try:
+            found = decode_items(store)
+        finally:
+            store.close()
+            shutil.rmtree(dest, ignore_errors=True)
+        upto = self.lineage[: len(self.lineage) - back]
+        fold = self.fold(upto)
+        want = {k: ids for k, ids in fold.ids.items() if route(k, None, self.spec.slices) == s}
+        got = {k: v["ids"] for k, v in found.items()}
+        if got != want:
+            raise Violation(
+                "restore_at_batch",
+                f"slice {s} restored at query {target.query[:8]} batch {target.batch}: "
+                f"{diff_text(got, want)}",
+            )
+        return "ok"
+
+    # -- the oracle --
+
+    def fold(self, upto: list[Accepted] | None = None) -> Fold:
+        f = Fold()
+        for a in self.lineage if upto is None else upto:
+            f.apply(self.input[a.index])
+        return f
+
+    def durable(self) -> dict[str, Any]:
+        """Every key's state rebuilt on a fresh directory from S3 and DynamoDB alone."""
+        durable = DurableState(self.loc)
+        heads = durable.heads(list(range(self.spec.slices)))
+        found: dict[str, Any] = {}
+        for s, head in sorted(heads.items()):
+            mark = json.dumps(head_item(head), sort_keys=True, default=repr).encode()
+            cached = self._checked.get(s)
+            if cached is None or cached[0] != mark:
+                with tempfile.TemporaryDirectory(dir=self.root) as scratch:
+                    try:
+                        store, _ = materialize(durable, head, Path(scratch) / "s", self.spec.slices)
+                    except Exception as exc:  # noqa: BLE001 - any failure is the finding
+                        raise Violation(
+                            "restore_failed",
+                            f"slice {s} v{head.version}: {type(exc).__name__}: {exc}"[:500],
+                        ) from exc
+                    try:
+                        cached = (mark, decode_items(store))
+                    finally:
+                        store.close()
+                self._checked[s] = cached
+            found.update(cached[1])
+        return found
+
+    def check(self) -> None:
+        """After every step: accepted records once, in order; no record twice."""
+        state = self.durable()
+        fold = self.fold()
+        accepted = {i for ids in fold.ids.values() for i in ids}
+        for key, v in sorted(state.items()):
+            ids, fired = v["ids"], v["fired"]
+            if len(set(ids)) != len(ids):
+                raise Violation("counted_twice", f"key {key}: ids {ids}")
+            if len(set(fired)) != len(fired):
+                raise Violation("timer_twice", f"key {key}: timers fired {fired}")
+            mine = [i for i in ids if i in accepted]
+            if mine != fold.ids.get(key, []):
+                raise Violation(
+                    "accepted_lost",
+                    f"key {key}: accepted ids {fold.ids.get(key)} but state has {ids}",
+                )
+        missing = [k for k in fold.ids if k not in state]
+        if missing:
+            raise Violation("accepted_lost", f"keys {missing[:5]} missing from state")
+
+    def check_exact(self, after: str) -> None:
+        """Where the product promises clean state: exactly the fold of the lineage, and
+        exactly its timers."""
+        state = self.durable()
+        fold = self.fold()
+        got = {k: v["ids"] for k, v in state.items() if v["ids"]}
+        if got != fold.ids:
+            raise Violation(f"not_exact_after_{after}", diff_text(got, fold.ids))
+        fired: dict[str, list[int]] = {}
+        for a in self.lineage:
+            for key, ts in a.timers:
+                fired.setdefault(key, []).append(ts)
+        got_fired = {k: sorted(v["fired"]) for k, v in state.items() if v["fired"]}
+        if got_fired != {k: sorted(v) for k, v in fired.items()}:
+            raise Violation(f"timers_not_exact_after_{after}", diff_text(got_fired, fired))
+
+    def finish(self, groups: int, worker: int) -> None:
+        """A fresh COMMITTED query processes every remaining batch, then one batch far in
+        the future; state must then be the fold of the whole input, every timer fired once."""
+        if self.zombie is not None:
+            self.outcomes.append(f"finish: resume {self.do_resume()}")
+        said = self.do_start(groups)
+        if not said.startswith("ok"):
+            raise Violation("finish_refused", said)
+        q = self.queries[-1]
+        qi = len(self.queries) - 1
+        while q.cursor < len(self.input):
+            for g in range(q.groups):
+                said = self.do_run(qi, g, worker)
+                if said != "ok":
+                    raise Violation("finish_refused", f"group {g}: {said}")
+            said = self.do_record(qi)
+            if said != "ok":
+                raise Violation("finish_refused", f"record: {said}")
+        outs = []
+        for g in range(q.groups):
+            runner = self.runner(worker)
+            out, _ = runner.run(g, q.id, q.batch, None, dict(q.pending.get(g, {})), T0 + FAR_MS)
+            rows = out[out.kind == "out"]
+            outs += list(zip(rows.key.tolist(), rows.value.tolist(), strict=True))
+        state = self.durable()
+        want = Fold()
+        for batch in self.input:
+            want.apply(batch)
+        got = {k: v["ids"] for k, v in state.items() if v["ids"]}
+        if got != want.ids:
+            raise Violation("final_state", diff_text(got, want.ids))
+        timers: dict[str, list[int]] = {}
+        for batch in self.input:
+            for r in batch:
+                if r.timer is not None:
+                    timers.setdefault(r.key, []).append(r.timer)
+        got_fired = {k: sorted(v["fired"]) for k, v in state.items() if v["fired"]}
+        if got_fired != {k: sorted(v) for k, v in timers.items()}:
+            raise Violation("final_timers", diff_text(got_fired, timers))
+
+    def close(self) -> None:
+        if self.zombie is not None:
+            self.do_resume()
+        for w in range(self.spec.workers):
+            self.kill(w)
+        drop(self.loc)
+
+
+def drop(loc: AppLocation) -> None:
+    """Delete the application's table and bucket (the one moto server serves every run)."""
+    with contextlib.suppress(Exception):
+        aws.client("dynamodb").delete_table(TableName=loc.table)
+    with contextlib.suppress(Exception):
+        s3 = aws.client("s3")
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=loc.bucket):
+            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+            if keys:
+                s3.delete_objects(Bucket=loc.bucket, Delete={"Objects": keys, "Quiet": True})
+        s3.delete_bucket(Bucket=loc.bucket)
+
+
+def decode_items(store: SliceStore) -> dict[str, Any]:
+    """Each key's value (map entries and timer index entries left out)."""
+    out = {}
+    for k, v in store.items():
+        key = record_key(k)
+        if k == data_key(key):
+            out[key] = encoding.decode(v)
+    return out
+
+
+def diff_text(got: dict, want: dict) -> str:
+    keys = sorted(set(got) | set(want))
+    diffs = [
+        f"{k}: state {got.get(k)} fold {want.get(k)}" for k in keys if got.get(k) != want.get(k)
+    ]
+    return f"{len(diffs)} keys differ: " + "; ".join(diffs[:4])
+
+
+# ---- crash points, twins and zombies: wrappers around the real functions ----------------
+
+
+@contextlib.contextmanager
+def patched(owner: type, name: str, make: Callable[[Callable], Callable]) -> Iterator[None]:
+    real = owner.__dict__[name]
+    setattr(owner, name, make(real))
+    try:
+        yield
+    finally:
+        setattr(owner, name, real)
+
+
+@contextlib.contextmanager
+def crash_point(where: str | None) -> Iterator[None]:
+    """Raise Crash in this thread: after the segment PUT ("s3"), after the DynamoDB commit
+    ("ddb"), after the local apply ("local")."""
+    if where is None:
+        yield
+        return
+    me = threading.current_thread()
+    committed = threading.Event()
+
+    def transact(real: Callable) -> Callable:
+        def wrapper(self: Any, *a: Any, **k: Any) -> Any:
+            if threading.current_thread() is me:
+                raise Crash("after the segment PUT")
+            return real(self, *a, **k)
+
+        return wrapper
+
+    def commit(real: Callable) -> Callable:
+        def wrapper(self: Any, *a: Any, **k: Any) -> Any:
+            out = real(self, *a, **k)
+            if threading.current_thread() is me:
+                committed.set()
+            return out
+
+        return wrapper
+
+    def store_commit(real: Callable) -> Callable:
+        def wrapper(self: Any, *a: Any, **k: Any) -> Any:
+            if threading.current_thread() is me and committed.is_set():
+                raise Crash("after the DynamoDB commit")
+            return real(self, *a, **k)
+
+        return wrapper
+
+    def remember(real: Callable) -> Callable:
+        def wrapper(self: Any, *a: Any, **k: Any) -> Any:
+            if threading.current_thread() is me:
+                raise Crash("after the local apply")
+            return real(self, *a, **k)
+
+        return wrapper
+
+    with contextlib.ExitStack() as stack:
+        if where == "s3":
+            stack.enter_context(patched(DurableState, "_transact", transact))
+        elif where == "ddb":
+            stack.enter_context(patched(DurableState, "commit", commit))
+            stack.enter_context(patched(SliceStore, "commit", store_commit))
+        elif where == "local":
+            stack.enter_context(patched(StoreCache, "remember", remember))
+        else:
+            raise ValueError(f"no crash point {where!r}")
+        yield
+
+
+@contextlib.contextmanager
+def before_first_commit(fn: Callable[[], None]) -> Iterator[None]:
+    """Run `fn` once, when this thread first reaches DurableState.commit."""
+    me = threading.current_thread()
+    fired = []
+
+    def commit(real: Callable) -> Callable:
+        def wrapper(self: Any, *a: Any, **k: Any) -> Any:
+            if threading.current_thread() is me and not fired:
+                fired.append(1)
+                fn()
+            return real(self, *a, **k)
+
+        return wrapper
+
+    with patched(DurableState, "commit", commit):
+        yield
+        if not fired:
+            fn()  # the first attempt committed nothing: the copy runs after it
+
+
+@contextlib.contextmanager
+def stall_commit(arrived: threading.Event, release: threading.Event) -> Iterator[None]:
+    """Hold this thread after its segment PUT, before its DynamoDB transaction."""
+    me = threading.current_thread()
+
+    def transact(real: Callable) -> Callable:
+        def wrapper(self: Any, *a: Any, **k: Any) -> Any:
+            if threading.current_thread() is me:
+                arrived.set()
+                release.wait(600)
+            return real(self, *a, **k)
+
+        return wrapper
+
+    with patched(DurableState, "_transact", transact):
+        yield

@@ -1,0 +1,77 @@
+"""`bench.protocol`: a seeded slice of the model-based protocol test, and proof that its
+oracle fails when the runtime is broken on purpose.
+
+PROTOCOL_RUNS, PROTOCOL_SEED and PROTOCOL_KINDS (comma-separated step kinds, see
+`bench.protocol.KINDS`) change the slice."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from bench import protocol
+from bench.protocol import Settings, run_once
+from processor import runtime
+
+
+def settings(max_steps: int = 20) -> Settings:
+    kinds = os.environ.get("PROTOCOL_KINDS")
+    return Settings(
+        max_steps=max_steps, kinds=tuple(kinds.split(",")) if kinds else protocol.CI_KINDS
+    )
+
+
+def failures(seed: int, runs: int, s: Settings) -> list[str]:
+    found = []
+    for run in range(runs):
+        r = run_once(seed, run, s)
+        if r.violation is not None:
+            found.append(f"run {run}: {r.violation} after steps {r.steps}")
+    return found
+
+
+def test_a_seeded_slice_has_no_violations(aws):
+    runs = int(os.environ.get("PROTOCOL_RUNS", "12"))
+    seed = int(os.environ.get("PROTOCOL_SEED", "7"))
+    assert failures(seed, runs, settings()) == []
+
+
+@pytest.mark.slow
+def test_a_longer_slice_has_no_violations(aws):
+    assert failures(11, 100, settings(30)) == []
+
+
+def test_the_oracle_catches_a_batch_applied_twice(aws, monkeypatch):
+    """A runtime that does not recognise a re-run of its own batch counts it again."""
+    real = runtime._plan
+
+    def no_rerun(*args, **kw):  # noqa: ANN002, ANN003, ANN202
+        s, base, rerun = real(*args, **kw)
+        return (s, base + 1, False) if rerun else (s, base, rerun)
+
+    steps = [["start", 2], ["run", 0, 0, 0], ["run", 0, 0, 1]]
+    assert run_once(1, 0, settings(), steps).violation is None
+    monkeypatch.setattr(runtime, "_plan", no_rerun)
+    found = run_once(1, 0, settings(), steps).violation
+    assert found is not None and found.invariant in ("attempts_disagree", "counted_twice"), found
+
+
+def test_the_oracle_catches_an_unconditional_commit(aws, monkeypatch):
+    """A commit that does not check the head it started from lets a zombie overwrite
+    accepted batches."""
+    import changelog.durable
+
+    steps = [
+        ["start", 2],
+        ["zombie", 0, 0, 1],
+        *[["run", 0, g, 0] for g in (0, 1)],
+        ["record", 0],
+        *[["run", 0, g, 0] for g in (0, 1)],
+        ["record", 0],
+        ["resume"],
+    ]
+    assert run_once(1, 0, settings(), steps).violation is None
+    monkeypatch.setattr(changelog.durable, "head_condition", lambda head: {})
+    found = run_once(1, 0, settings(), steps).violation
+    assert found is not None, "the zombie's stale commit went unnoticed"
