@@ -435,6 +435,64 @@ def download_sst(bucket: str, f: SstFile, dest: Path, on_bytes: OnBytes = _ignor
     return written
 
 
+_SESSION = re.compile(rb"session\.identity([0-9A-Z]{20})")  # rocksdb.db.session.id
+_TAIL = 64 << 10  # an SST file's table properties are in its last few KB
+
+
+def _session_lower(tail: bytes) -> int | None:
+    """The low 64 bits of the RocksDB session id that wrote an SST file (from the table
+    properties at its end: 20 base-36 digits, the low 62 bits in the last 12 and the top
+    two in the first 8), or None when not found."""
+    found = _SESSION.findall(tail)
+    if not found:
+        return None
+    sid = found[-1].decode()
+    return ((int(sid[:8], 36) & 3) << 62) | int(sid[8:], 36)
+
+
+def scan_sst(bucket: str, f: SstFile) -> int | None:
+    """Read an SST object through, checking its header and CRC-32 against `f` as a
+    restore would (without writing it); return the low half of the session id that wrote
+    the file (None: not found), for `foreign_files`."""
+    where = f"s3://{bucket}/{f.key}"
+    try:
+        body = aws.client("s3").get_object(Bucket=bucket, Key=f.key)["Body"]
+    except ClientError as exc:
+        if is_missing(exc):
+            raise missing(where) from exc
+        raise
+    tail = b""
+    try:
+        _check_header(body.read(_SST.size), f, where)
+        got, size = 0, 0
+        while chunk := body.read(_CHUNK):
+            got = zlib.crc32(chunk, got)
+            size += len(chunk)
+            tail = (tail + chunk)[-_TAIL:]
+    finally:
+        body.close()
+    if size != f.size or got != f.crc32:
+        raise CorruptObjectError(
+            f"{where}: content does not match its checksum ({size} bytes, crc {got:08x}; "
+            f"expected {f.size} bytes, crc {f.crc32:08x})"
+        )
+    return _session_lower(tail)
+
+
+def foreign_files(m: Manifest, sessions: dict[str, int | None]) -> list[str]:
+    """The SST files of `m` (by name, with the session lows `scan_sst` found, by object
+    key) that another store wrote: the snapshot's MANIFEST records each table file's
+    unique id, whose first 8 bytes (custom field 12, 16 bytes) are the low half of the
+    writing session's id, so a file whose session is not there will not open with it."""
+    recorded = b"".join(v for k, v in m.inline.items() if k.startswith("MANIFEST-"))
+    return [
+        f.name
+        for f in m.files
+        if (low := sessions.get(f.key)) is not None
+        and b"\x0c\x10" + struct.pack("<Q", low) not in recorded
+    ]
+
+
 def _inline_names(m: Manifest) -> None:
     check_names(m, f"manifest of slice {m.slice} v{m.version}")
 

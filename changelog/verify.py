@@ -2,10 +2,13 @@
 
 Per slice: the head's history is continuous (restore can reach the head from its newest
 snapshot, and every retained version from the oldest one), every changelog section it
-references exists and passes its checksum, every retained manifest passes its checks and
-names SST objects of the recorded sizes. With `rebuild`, each slice is also restored from
-S3 (every SST checksum verified) and, where the history allows two different paths to the
-head (two snapshots, or a snapshot and the whole log), both are taken and must agree.
+references exists and passes its checksum, every retained manifest passes its checks,
+every SST object it names exists and passes its checksum, and the SST files of each
+snapshot were written by the store its RocksDB MANIFEST describes (a snapshot that mixes
+two stores' files will not open: `snapshot.foreign_files`). A restore would fall back past
+such a snapshot; verify reports it. With `rebuild`, each slice is also restored from S3
+(with no fallback) and, where the history allows two different paths to the head (two
+snapshots, or a snapshot and the whole log), both are taken and must agree.
 """
 
 from __future__ import annotations
@@ -17,15 +20,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from changelog import aws, resources
+from changelog import resources
 from changelog.durable import DurableState
 from changelog.errors import ChangelogError
 from changelog.inspect import digest
 from changelog.layout import AppLocation, Head, RestorePlan, plan_restore
 from changelog.restore import identity, restore
-from changelog.snapshot import read_manifest
-
-_SST_HEADER = 17
+from changelog.snapshot import foreign_files, read_manifest, scan_sst
 
 
 @dataclass
@@ -66,7 +67,8 @@ def _paths(head: Head) -> list[RestorePlan]:
 def _check_slice(loc: AppLocation, slices: int, head: Head, rebuild: bool) -> VerifyReport:
     r = VerifyReport(slices=1)
     durable = DurableState(loc)
-    s3 = aws.client("s3")
+    sessions: dict[str, int | None] = {}  # per SST object read: its writing session
+    bad: dict[str, str] = {}  # per SST object refused: why
     try:
         plan_restore(head, None, head.version)
         floor = head.snaps[0].version if head.snaps else 0
@@ -90,17 +92,22 @@ def _check_slice(loc: AppLocation, slices: int, head: Head, rebuild: bool) -> Ve
             r.problems.append(f"slice {head.slice} snapshot v{snap.version}: {exc}")
             continue
         for f in m.files:
-            try:
-                size = s3.head_object(Bucket=loc.bucket, Key=f.key)["ContentLength"]
-            except Exception as exc:  # noqa: BLE001 - reported, not raised
-                r.problems.append(f"slice {head.slice}: s3://{loc.bucket}/{f.key}: {exc}")
-                continue
-            r.sst_objects += 1
-            if size != f.size + _SST_HEADER:
-                r.problems.append(
-                    f"slice {head.slice}: s3://{loc.bucket}/{f.key} is {size} bytes, the "
-                    f"manifest says {f.size} + {_SST_HEADER}"
-                )
+            if f.key not in sessions and f.key not in bad:
+                try:
+                    sessions[f.key] = scan_sst(loc.bucket, f)
+                except Exception as exc:  # noqa: BLE001 - reported, not raised
+                    bad[f.key] = str(exc)
+            if f.key in bad:
+                r.problems.append(f"slice {head.slice} snapshot v{snap.version}: {bad[f.key]}")
+            else:
+                r.sst_objects += 1
+        foreign = foreign_files(m, sessions)
+        if foreign:
+            r.problems.append(
+                f"slice {head.slice} snapshot v{snap.version} (s3://{loc.bucket}/{snap.key}): "
+                f"{', '.join(foreign)} written by another store than its MANIFEST describes; "
+                "RocksDB will not open it (restore falls back to an older snapshot)"
+            )
     if rebuild and not r.problems:
         digests = []
         scratch = Path(tempfile.mkdtemp(prefix=f"shardless-verify-{head.slice}-"))
@@ -111,7 +118,7 @@ def _check_slice(loc: AppLocation, slices: int, head: Head, rebuild: bool) -> Ve
                     alt = Head(**{**alt.__dict__, "log": p.entries})
                 store, _ = restore(
                     scratch / f"p{i}", identity(loc.app, head.slice, slices), durable, alt,
-                    head.version,
+                    head.version, fallback=False,
                 )  # fmt: skip
                 d = digest(store)
                 store.close()

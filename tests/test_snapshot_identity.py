@@ -27,6 +27,7 @@ from changelog.snapshot import (
     upload_checkpoint,
     write_snapshot,
 )
+from changelog.verify import verify
 from state.store import SliceStore
 from tests.test_durable import SLICES, commit, kv
 
@@ -228,3 +229,47 @@ def test_a_restore_with_no_other_path_raises_the_snapshots_error(location, tmp_p
         materialize(durable, only, tmp_path / "r", SLICES)
     assert not (tmp_path / "r").exists()
     w.close()
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_verify_finds_an_unusable_snapshot_without_rebuilding(
+    location, tmp_path, monkeypatch, damage
+):
+    """`state verify` (no --rebuild) reads each SST object of the retained snapshots:
+    one that is gone, fails its checksum, or was written by another store than the one
+    its snapshot's MANIFEST describes is a problem naming the snapshot and the object."""
+    w, key = history(location, tmp_path, damage, monkeypatch)
+    w.close()
+    report = verify(location, slice_ids=[SLICE])
+    assert not report.ok and report.manifests == 2, report.problems
+    assert all("snapshot v4" in p for p in report.problems), report.problems
+    if damage == "mixed":
+        (problem,) = report.problems
+        assert "000009.sst written by another store" in problem
+    else:
+        assert any(key in p for p in report.problems), report.problems
+
+
+def test_verify_passes_snapshots_of_one_store_and_a_restored_one(location, tmp_path):
+    """No false alarm: snapshots sharing files of the same store, and the snapshots of a
+    store restored from them (on "another host"), verify clean."""
+    durable = DurableState(location)
+    w = open_store(location, tmp_path / "w")
+    ref, previous = None, None
+    for v in range(1, 7):
+        changes = [kv(v), *values(f"big{v}", 100)[v * 10 : v * 10 + 60]]
+        done = commit(durable, SLICE, v, changes, batch=v, snapshot=ref)
+        w.commit(changes, v, tag=done.uid)
+        ref = None
+        if v in (2, 4, 5):
+            if v == 4:  # the slice moves: a store restored on another host takes over
+                head = durable.heads([SLICE])[SLICE]
+                w.close()
+                w, _ = materialize(durable, head, tmp_path / f"host{v}", SLICES)
+            point = w.checkpoint(tmp_path / f"c{v}")
+            ref, previous, _ = write_snapshot(location, SLICE, v, point, previous)
+    w.close()
+    assert len(durable.heads([SLICE])[SLICE].snaps) == 3
+    report = verify(location, slice_ids=[SLICE])
+    assert report.ok and report.manifests == 3 and report.sst_objects >= 4, report.problems
+    assert verify(location, slice_ids=[SLICE], rebuild=True).ok
