@@ -41,6 +41,7 @@ from changelog.errors import (
 )
 from changelog.layout import (
     HEAD_SK,
+    TIMERS_UNKNOWN,
     AppLocation,
     Head,
     LogEntry,
@@ -93,6 +94,9 @@ class SliceCommit:
     expected: Head | None
     changes: list[Change]
     snapshot: SnapRef | None = None
+    # when the slice's next processing-time and event-time timers are due after this
+    # version (None: none); the head keeps them as the durable index of pending timers
+    timers: tuple[int | None, int | None] = (None, None)
 
 
 @dataclass(frozen=True)
@@ -354,6 +358,8 @@ class DurableState:
                 snaps=snaps,
                 at_ms=now,
                 log_bytes=encode_log(log),
+                next_timer=c.timers[0],
+                next_event_timer=c.timers[1],
             )
             if owner is not None and old.owner != owner:
                 new = replace(new, epoch=old.epoch + 1, owner=owner, claimed_ms=now)
@@ -479,6 +485,7 @@ class DurableState:
                     "log": {"B": encode_log(())},
                     "snaps": {"B": encode_snaps((snapshot,))},
                     "at": {"N": str(_now_ms())},
+                    "tp": {"N": str(TIMERS_UNKNOWN)},  # its timers are not known here
                 },
                 ConditionExpression="attribute_not_exists(pk) OR #v = :zero",
                 ExpressionAttributeNames={"#v": "version"},

@@ -3,7 +3,8 @@
 DynamoDB (one table per application, keys `pk`/`sk`):
 
     pk="app"          sk="meta"   slices, format, created_at
-    pk="slice#00017"  sk="head"   version, query, batch, at, log, snaps, epoch, owner, claimed
+    pk="slice#00017"  sk="head"   version, query, batch, at, log, snaps, epoch, owner, claimed,
+                                  tp, te (when its next timers are due, if any)
 
 A slice's head is what is committed: restore stops at its version. `snaps` lists the
 retained snapshots (newest last), `log` where every version after the oldest of them
@@ -169,6 +170,11 @@ class Head:
     owner: str = ""
     at_ms: int = 0
     claimed_ms: int = 0
+    # When the slice's next processing-time / event-time timer is due (None: none pending;
+    # TIMERS_UNKNOWN: maybe, after a roll-back or an install): the durable index a new
+    # checkpoint wakes slices by, since Spark's group state stays with the old one.
+    next_timer: int | None = None
+    next_event_timer: int | None = None
     # The `log` attribute exactly as stored (None: the item has none), which the next write
     # of the head is conditional on. Not part of the head's value.
     log_bytes: bytes | None = field(default=None, compare=False, repr=False)
@@ -177,6 +183,14 @@ class Head:
     def committed(self) -> bool:
         """False for a head that was claimed but never committed."""
         return self.version > 0 or bool(self.log)
+
+    @property
+    def timers_pending(self) -> bool:
+        """Whether the slice may hold timers to fire (so a new checkpoint must wake it)."""
+        return self.next_timer is not None or self.next_event_timer is not None
+
+
+TIMERS_UNKNOWN = 0  # a `next_timer` that makes a new checkpoint look at the slice's store
 
 
 _LOG_COMPACT = b"\xc1"  # a byte msgpack never uses: what follows is the compact form
@@ -285,6 +299,8 @@ def head_from_item(item: dict) -> Head:
         owner=item["owner"]["S"] if "owner" in item else "",
         at_ms=_int(item, "at"),
         claimed_ms=_int(item, "claimed"),
+        next_timer=int(item["tp"]["N"]) if "tp" in item else None,
+        next_event_timer=int(item["te"]["N"]) if "te" in item else None,
         log_bytes=log_bytes,
     )
 
@@ -306,6 +322,9 @@ def head_item(head: Head) -> dict[str, dict[str, Any]]:
             item[name] = {"N": str(value)}
     if head.owner:
         item["owner"] = {"S": head.owner}
+    for name, due in (("tp", head.next_timer), ("te", head.next_event_timer)):
+        if due is not None:
+            item[name] = {"N": str(due)}
     return item
 
 

@@ -18,6 +18,7 @@ from changelog.durable import DurableState
 from changelog.errors import ChangelogError, CommitConflictError
 from changelog.layout import (
     HEAD_SK,
+    TIMERS_UNKNOWN,
     AppLocation,
     Head,
     encode_log,
@@ -124,8 +125,10 @@ def apply(loc: AppLocation, rollback: RollbackPlan) -> int:
             ddb.update_item(
                 TableName=loc.table,
                 Key={"pk": {"S": slice_pk(s)}, "sk": {"S": HEAD_SK}},
+                # the timers of the version rolled back to are not known here: a new
+                # checkpoint wakes the slice to look (TIMERS_UNKNOWN)
                 UpdateExpression="SET #v = :v, #q = :q, #b = :b, #l = :l, #s = :s, "
-                "#e = :next, #o = :owner",
+                "#e = :next, #o = :owner, #tp = :unknown REMOVE #te",
                 ConditionExpression="#v = :was AND "
                 + ("#e = :epoch" if head.epoch else "(attribute_not_exists(#e) OR #e = :epoch)"),
                 ExpressionAttributeNames={
@@ -136,6 +139,8 @@ def apply(loc: AppLocation, rollback: RollbackPlan) -> int:
                     "#s": "snaps",
                     "#e": "epoch",
                     "#o": "owner",
+                    "#tp": "tp",
+                    "#te": "te",
                 },
                 ExpressionAttributeValues={
                     ":v": {"N": str(to)},
@@ -147,6 +152,7 @@ def apply(loc: AppLocation, rollback: RollbackPlan) -> int:
                     ":epoch": {"N": str(head.epoch)},
                     ":next": {"N": str(head.epoch + 1)},  # fences every current owner
                     ":owner": {"S": "rollback"},
+                    ":unknown": {"N": str(TIMERS_UNKNOWN)},
                 },
             )
         except ClientError as exc:

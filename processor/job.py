@@ -190,6 +190,12 @@ def outputs(
         records = (
             spark.readStream.format("shardless_kinesis").options(**cfg.source_options()).load()
         )
+        # a new checkpoint's first batch wakes the slices whose timers are pending
+        # (`processor.timer_source`); the Kinesis source stays the first in the offset log
+        wake = spark.readStream.format("shardless_timers").options(
+            table=cfg.location.table, slices=str(cfg.slices)
+        )
+        records = records.unionByName(wake.load())
     group_index = F.floor(F.col("slice") * partitions / cfg.slices).cast("int")
     key_array = F.array(*[F.lit(k) for k in keys])
     # Only what the runtime reads crosses into Python: every column costs Arrow conversion

@@ -19,9 +19,11 @@ A batch that Spark runs again (same query, same batch id) finds its own earlier 
 the slice's head; it re-processes from the version before it and re-commits in its place,
 so state counts the input once and the outputs are the same.
 
-Spark's group state holds only which slices of the group have pending timers and when
-they are next due; its processing-time timeout makes Spark call the group when no records
-arrive, so timers fire in idle slices too.
+Spark's group state holds which slices of the group have pending timers and when they are
+next due; its processing-time timeout makes Spark call the group when no records arrive, so
+timers fire in idle slices too. Each slice's head keeps the same (`Head.next_timer`) as the
+durable index: a new checkpoint, which has no group state, wakes those slices in its first
+batch (`processor.timer_source`), and from then on Spark's timeout carries them.
 """
 
 from __future__ import annotations
@@ -175,18 +177,25 @@ def _column(pdf: pd.DataFrame, name: str, order: np.ndarray, fixed: dict[str, An
 
 @dataclass
 class _Input:
-    """A group's records sorted into slices in stream order: each slice's span of events."""
+    """A group's records sorted into slices in stream order: each slice's span of events,
+    and the slices woken to look for timers (`processor.timer_source`)."""
 
     records: int
     events: list[Event]
     spans: dict[int, tuple[int, int]]
+    woken: frozenset[int] = frozenset()
 
 
 def _prepare(pdf: pd.DataFrame | None, fixed: dict[str, Any]) -> _Input:
     """Sort by (slice, stream_order) and make one Event per record; `arrival` is taken
-    from its column only when a handler reads it."""
+    from its column only when a handler reads it. Wake-up rows (no data) are set apart."""
     if pdf is None or not len(pdf):
         return _Input(0, [], {})
+    wake = pdf["data"].isna().to_numpy()
+    if wake.any():
+        woken = frozenset(int(s) for s in pdf["slice"].to_numpy()[wake])
+        found = _prepare(pdf[~wake].reset_index(drop=True), fixed)
+        return replace(found, woken=woken)
     slices = pdf["slice"].to_numpy()
     by_order = np.argsort(pdf["stream_order"].to_numpy(), kind="stable")
     order = by_order[np.argsort(slices[by_order], kind="stable")]
@@ -426,7 +435,7 @@ class GroupRunner:
 
         pending = dict(pending_in or {})
         spans = data.spans
-        slices = sorted(set(spans) | set(_due(pending, now_ms, watermark_ms)))
+        slices = sorted(set(spans) | set(_due(pending, now_ms, watermark_ms)) | data.woken)
         if cfg.partitions is not None:
             _check_range(group, slices, cfg.slices, cfg.partitions)
         metrics: dict[str, Any] = {
@@ -480,8 +489,10 @@ class GroupRunner:
             else:
                 pending[s] = (result.next_processing_timer, result.next_event_timer)
             changes = tx.changes()
-            if changes or rerun:
-                commits.append(SliceCommit(s, base + 1, head, changes))
+            timers = (result.next_processing_timer, result.next_event_timer)
+            index_stale = head is not None and timers != (head.next_timer, head.next_event_timer)
+            if changes or rerun or index_stale:
+                commits.append(SliceCommit(s, base + 1, head, changes, timers=timers))
                 deltas.append((changes, tx.undo(changes)))
             rows += [("out", s, batch, j, k, _dumps(v)) for j, (k, v) in enumerate(result.outputs)]
         lap("process")
@@ -536,7 +547,7 @@ class GroupRunner:
         for c in commits:
             found = results.get(c.slice)
             if found is not None:
-                c = SliceCommit(c.slice, c.version, c.expected, c.changes, found[0])
+                c = replace(c, snapshot=found[0])
                 count += 1
                 sent += found[1]
             out.append(c)

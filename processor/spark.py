@@ -9,6 +9,7 @@ from pyspark.sql import SparkSession
 
 from processor.kinesis.source import KinesisDataSource
 from processor.state_source import StateDataSource
+from processor.timer_source import TimerDataSource
 
 _FORWARDED_ENV = ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION", "SHARDLESS_")
 
@@ -59,4 +60,5 @@ def session(
     spark.sparkContext.setLogLevel("WARN")
     spark.dataSource.register(KinesisDataSource)
     spark.dataSource.register(StateDataSource)
+    spark.dataSource.register(TimerDataSource)
     return spark

@@ -327,19 +327,22 @@ def _rollback(args: argparse.Namespace) -> int:
     lines += [f"  slice {s}: v{a} -> v{b}" for s, (a, b) in sorted(plan.moves.items())]
     if positions is None:
         lines.append(
-            f"no source positions are recorded for batch {args.batch}: after the roll-back, "
-            "start the job with an explicit --starting-position (AT_TIMESTAMP)"
+            f"no source positions are recorded for batch {args.batch}: the roll-back "
+            "withdraws the application's progress record; afterwards start the job on a NEW "
+            "checkpoint at an explicit --starting-position AT_TIMESTAMP with --allow-recount"
         )
     if args.apply:
         _refuse_if_running(args, loc, heads)
         data["moved"] = rollback.apply(loc, plan)
+        progress.after_rollback(loc, query, args.batch)  # and every old checkpoint is fenced
         if positions is not None:
-            progress.set_latest(loc, positions)
-        lines.append(
-            f"rolled back {data['moved']} slices; start the job on a NEW checkpoint with "
-            "--starting-position COMMITTED to continue from batch "
-            f"{args.batch}'s source positions"
-        )
+            lines.append(
+                f"rolled back {data['moved']} slices; start the job on a NEW checkpoint with "
+                "--starting-position COMMITTED to continue from batch "
+                f"{args.batch}'s source positions"
+            )
+        else:
+            lines.append(f"rolled back {data['moved']} slices; the progress record is withdrawn")
     else:
         lines.append("dry run: pass --apply to roll back")
     _print(args, data, lines)
