@@ -302,7 +302,7 @@ def start(
     from processor.progress import Recorder
 
     prepare(cfg, spark)
-    recorder = Recorder(spark, cfg.location, cfg.checkpoint)
+    recorder = Recorder(spark, cfg.location, cfg.checkpoint, streams=tuple(cfg.streams))
 
     def each_batch(df: DataFrame, batch_id: int) -> None:
         recorder.begin(batch_id)  # once per driver run, before anything of it is committed

@@ -254,6 +254,7 @@ def register(
     first_batch: int,
     start_from: dict[str, Any] | None,
     recount: bool = False,
+    streams: tuple[str, ...] | None = None,
 ) -> list[str]:
     """At a driver run's first batch, before anything is committed: check that `query`
     may work on the application's state, and record that it began (`started`).
@@ -261,9 +262,11 @@ def register(
     `start_from` is the record a COMMITTED run continues (`{"query", "batch"}` from its
     offsets), None otherwise. A COMMITTED run fences every other query that could continue
     from that record. A new query at its own starting position on an application that
-    already holds state is refused (its records would count again) unless `recount`; it
-    then fences the queries before it too. Returns the fenced queries, which the query's
-    records carry forward. Raises ProcessorError for a stale checkpoint.
+    already holds state of the streams it reads (`streams`; None: any) is refused (its
+    records would count again) unless `recount`; a new query on state of other streams
+    only, or allowed to recount, fences the queries before it too. Returns the fenced
+    queries, which the query's records carry forward. Raises ProcessorError for a stale
+    checkpoint.
     """
     ddb = aws.client("dynamodb")
     if query in fence.fenced(loc):
@@ -319,7 +322,7 @@ def register(
                 )
             others = {q for q in (found["query"], *found["started"]) if q and q != query}
         elif found["batch"] is not None or found["started"] or found["withdrawn"]:
-            if not recount:
+            if not recount and _reads_again(found, streams):
                 raise ProcessorError(recount_refused(loc, query, _who(found)))
             log.warning(
                 "query %s starts on a new checkpoint at its own starting position, but "
@@ -366,6 +369,16 @@ def register(
         f"query {query}: application {loc.app!r}'s progress record kept changing while this "
         "query started; is another query running on it?"
     )
+
+
+def _reads_again(found: Progress, streams: tuple[str, ...] | None) -> bool:
+    """Whether a new query reading `streams` from its own position may read records the
+    state already counted: when the recorded positions cover one of them, or when no
+    positions say which streams the state holds."""
+    if found["batch"] is None or streams is None:
+        return True
+    counted = {key.split("/", 1)[0] for key in found["positions"]}
+    return bool(counted & set(streams))
 
 
 def recount_refused(loc: AppLocation, query: str, state: str) -> str:
@@ -599,12 +612,18 @@ class Recorder:
     """
 
     def __init__(
-        self, spark: Any, loc: AppLocation, checkpoint: str, recount: bool = False
+        self,
+        spark: Any,
+        loc: AppLocation,
+        checkpoint: str,
+        recount: bool = False,
+        streams: tuple[str, ...] | None = None,
     ) -> None:
         self.spark = spark
         self.loc = loc
         self.checkpoint = checkpoint
         self.recount = recount  # a new query may count records the state already holds
+        self.streams = streams  # the streams the query reads
         self.query: str | None = None
         self.fenced: list[str] = []
         self._known: dict[tuple[str, int], pos.Positions] = {}
@@ -615,7 +634,9 @@ class Recorder:
             return
         query = checkpoint_query(self.spark, self.checkpoint)
         offset = checkpoint_offset(self.spark, self.checkpoint, batch_id)
-        self.fenced = register(self.loc, query, batch_id, offset.get("from"), self.recount)
+        self.fenced = register(
+            self.loc, query, batch_id, offset.get("from"), self.recount, self.streams
+        )
         self.query = query
 
     def after_sink(self, batch_id: int, records: int, committed: int, outputs: int) -> bool:

@@ -229,3 +229,17 @@ def test_a_rollback_to_a_recorded_batch_makes_it_the_latest(location, tmp_path):
     found, _ = progress.committed_start(location)
     assert (found["query"], found["batch"]) == ("q-rolled", 1)
     assert durable_counts(location) == fold(B0, B1)
+
+
+def test_a_new_query_on_other_streams_only_starts_and_fences_the_one_before(location, tmp_path):
+    """State of stream `clicks` (the record's positions); a new query reading `orders` at
+    TRIM_HORIZON counts nothing twice: allowed, and it takes the state over."""
+    r = runner(location, tmp_path)
+    progress.register(location, "first-q", 0, None)
+    r.run(0, "first-q", 0, frame(B0))
+    progress.record(location, a_record("first-q", 0))
+    with pytest.raises(ProcessorError, match="would count twice"):
+        progress.register(location, "second-q", 0, None, streams=("orders", "clicks"))
+    assert progress.register(location, "second-q", 0, None, streams=("orders",)) == ["first-q"]
+    with pytest.raises(QueryFencedError):
+        r.run(0, "first-q", 1, frame(B1, 100))
