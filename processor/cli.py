@@ -74,6 +74,7 @@ def _run(args: argparse.Namespace) -> int:
         slices=args.slices,
         groups=args.groups,
         starting_position=args.starting_position,
+        allow_recount=args.allow_recount,
         max_records_per_shard=args.max_records_per_shard,
         max_bytes_per_shard=args.max_bytes_per_shard,
         idle_poll_ms=args.idle_poll_ms,
@@ -179,6 +180,12 @@ def parser() -> argparse.ArgumentParser:
         default="TRIM_HORIZON",
         help="TRIM_HORIZON, LATEST, AT_TIMESTAMP:<epoch or ISO time>, or COMMITTED (a new "
         "checkpoint continues where the application's committed state left off)",
+    )
+    run.add_argument(
+        "--allow-recount",
+        action="store_true",
+        help="let a new checkpoint at its own starting position run on state that already "
+        "holds records of its streams (they count again; refused without this)",
     )
     run.add_argument(
         "--max-records-per-shard", type=int, default=10_000, help="Kinesis records per batch"

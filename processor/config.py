@@ -102,6 +102,9 @@ class JobConfig:
                 refused.
     starting_position: TRIM_HORIZON, LATEST, AT_TIMESTAMP:<time>, or COMMITTED (where the
                 application's committed state left off; for a new checkpoint).
+    allow_recount: let a new checkpoint at its own starting position run on an application
+                whose state already holds records of its streams (they count again);
+                refused otherwise.
     on_trimmed: fail | oldest: a source position older than the stream's retention.
     on_corrupt_aggregate: fail | skip: a KPL aggregate that does not decode.
     kinesis_endpoint: a Kinesis endpoint URL for this job's source (default: boto3's own).
@@ -123,6 +126,7 @@ class JobConfig:
     prefix: str | None = None
     table: str | None = None
     starting_position: str = "TRIM_HORIZON"
+    allow_recount: bool = False
     max_records_per_shard: int = 10_000
     max_bytes_per_shard: int = 10 * 1024 * 1024
     idle_poll_ms: int = 1000

@@ -77,6 +77,12 @@ def prepare(cfg: JobConfig, spark: SparkSession | None = None) -> None:
                     f"(`shardless local up`) or fix {fix}"
                 ) from exc
             raise ConfigError(str(exc)) from exc
+    if not (
+        is_committed(cfg.starting_position)
+        or cfg.allow_recount
+        or progress.checkpoint_started(spark, cfg.checkpoint)
+    ):
+        progress.check_new_start(cfg.location, tuple(cfg.streams))
     if is_committed(cfg.starting_position):
         if progress.checkpoint_started(spark, cfg.checkpoint):
             log.info(
@@ -302,7 +308,7 @@ def start(
     from processor.progress import Recorder
 
     prepare(cfg, spark)
-    recorder = Recorder(spark, cfg.location, cfg.checkpoint, streams=tuple(cfg.streams))
+    recorder = Recorder(spark, cfg.location, cfg.checkpoint, cfg.allow_recount, tuple(cfg.streams))
 
     def each_batch(df: DataFrame, batch_id: int) -> None:
         recorder.begin(batch_id)  # once per driver run, before anything of it is committed

@@ -46,7 +46,8 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from changelog import aws, fence, rollback
+from changelog import aws, fence, resources, rollback
+from changelog.durable import DurableState
 from changelog.layout import APP_PK, AppLocation, query_tag
 from processor.errors import ConfigError, ProcessorError
 from processor.kinesis import positions as pos
@@ -322,8 +323,8 @@ def register(
                 )
             others = {q for q in (found["query"], *found["started"]) if q and q != query}
         elif found["batch"] is not None or found["started"] or found["withdrawn"]:
-            if not recount and _reads_again(found, streams):
-                raise ProcessorError(recount_refused(loc, query, _who(found)))
+            if not recount and _reads_again(loc, found, streams):
+                raise ProcessorError(recount_refused(loc, f"query {query}", _who(found)))
             log.warning(
                 "query %s starts on a new checkpoint at its own starting position, but "
                 "application %r already holds state (%s): records read again are counted "
@@ -371,20 +372,36 @@ def register(
     )
 
 
-def _reads_again(found: Progress, streams: tuple[str, ...] | None) -> bool:
+def _reads_again(loc: AppLocation, found: Progress, streams: tuple[str, ...] | None) -> bool:
     """Whether a new query reading `streams` from its own position may read records the
     state already counted: when the recorded positions cover one of them, or when no
-    positions say which streams the state holds."""
-    if found["batch"] is None or streams is None:
+    positions say which streams the state holds (a withdrawn record, or queries that
+    began but completed no batch and committed some slice)."""
+    if found["withdrawn"]:
+        return True
+    if found["batch"] is None:
+        slices = list(range(resources.app_slices(loc)))
+        return any(h.committed for h in DurableState(loc).heads(slices).values())
+    if streams is None:
         return True
     counted = {key.split("/", 1)[0] for key in found["positions"]}
     return bool(counted & set(streams))
 
 
-def recount_refused(loc: AppLocation, query: str, state: str) -> str:
+def check_new_start(loc: AppLocation, streams: tuple[str, ...]) -> None:
+    """Fail fast, before a new checkpoint at its own starting position starts, where
+    `register` would refuse it at its first batch (ConfigError)."""
+    found = _read(loc.table, LATEST_SK)
+    if found is None or found["query"] is None and not found["started"] and not found["withdrawn"]:
+        return
+    if _reads_again(loc, found, streams):
+        raise ConfigError(recount_refused(loc, "this job", _who(found)))
+
+
+def recount_refused(loc: AppLocation, who: str, state: str) -> str:
     """Why a new query at its own starting position may not start on `loc`'s state."""
     return (
-        f"query {query} starts on a new checkpoint at its own starting position, but "
+        f"{who} starts on a new checkpoint at its own starting position, but "
         f"application {loc.app!r} already holds state ({state}): records read again would "
         "count twice. Start with --starting-position COMMITTED to continue where the state "
         "left off, or pass --allow-recount (JobConfig.allow_recount) if counting records "

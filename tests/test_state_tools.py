@@ -320,7 +320,9 @@ def test_a_running_job_holds_the_lease_and_releases_it_when_stopped(
             time.sleep(0.2)
         held = lease.read(location)
         assert held is not None and held.query == str(query.id)
-        code, _, err = state_cmd(capsys, "gc", "--app", location.app, "--delete", "--quiet-s", "0")
+        # gc beside a running job only with a grace that covers its batches
+        gc_now = ("gc", "--app", location.app, "--delete", "--quiet-s", "0", "--grace-s", "0")
+        code, _, err = state_cmd(capsys, *gc_now)
         assert code == 3 and "holds the application's lease" in err
         _, data, _ = state_cmd(capsys, "ls", "--app", location.app, "--json", "--quiet-s", "0")
         assert data["running"]
