@@ -55,7 +55,7 @@ def default_checkpoint(app: str) -> str:
     """`<user state dir>/checkpoints/<app>`, under a private (0o700) `checkpoints` made
     now: `$XDG_STATE_HOME/shardless` or `~/.local/state/shardless`. (`app` is checked by
     `JobConfig` before anything is made under it.)"""
-    from processor.config import private_dir, user_state_dir
+    from processor.local_dirs import private_dir, user_state_dir
 
     return str(private_dir(user_state_dir() / "checkpoints") / app)
 

@@ -41,6 +41,7 @@ from changelog.restore import (
     restore,
     restore_many,
 )
+from processor.local_dirs import private_dir
 from state.errors import CorruptStoreError
 from state.store import SliceStore
 
@@ -347,6 +348,7 @@ def cache_for(base: str, app: str, slices: int) -> StoreCache:
     key = (base, app, slices)
     found = _caches.get(key)
     if found is None or found.pid != os.getpid():
+        private_dir(base)  # made 0o700; refused if another user owns it or others may write
         found = _caches[key] = StoreCache(Path(base), app, slices)
     return found
 

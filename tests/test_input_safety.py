@@ -219,3 +219,18 @@ def test_the_cli_default_checkpoint_is_the_users_own_and_private(home, tmp_path,
     assert seen[-1].local_dir == str(home / ".cache" / "shardless")
     checkpoints.chmod(0o777)
     assert cli.main(["run", str(app), "--app", "clicks", "--stream", "s"]) == 2
+
+
+def test_an_executors_store_directory_is_checked_where_it_is_made(tmp_path):
+    """The stores live where executors make them, not only where the driver checked."""
+    from processor.stores import cache_for, close_caches
+
+    made = tmp_path / "fresh" / "stores"
+    cache_for(str(made), "app-one", 4)
+    assert stat.S_IMODE(made.stat().st_mode) == 0o700
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(ConfigError, match="writable by others"):
+        cache_for(str(shared), "app-one", 4)
+    close_caches()
