@@ -15,145 +15,33 @@ import contextlib
 import inspect
 import io
 import json
-import random
 import shutil
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
+from bench.protocol_app import FAR_MS, T0, Fold, Rec, Spec, frame, now_of, on_timer, process
+from bench.protocol_faults import Crash, before_first_commit, crash_point, stall_commit
 from changelog import aws, gc, resources, rollback
 from changelog.durable import DurableState
 from changelog.errors import ChangelogError
 from changelog.layout import AppLocation, head_item
-from changelog.restore import materialize
+from changelog.restore import RestoreJob, identity, restore_many
 from processor import progress, state_cli
 from processor.errors import ProcessorError
 from processor.grouping import group_slices
 from processor.handlers import HandlerFactory
 from processor.routing import route
 from processor.runtime import GroupRunner, RuntimeConfig
-from processor.stores import StoreCache, close_caches
+from processor.stores import close_caches
 from state import encoding
 from state.keys import data_key, record_key
 from state.store import SliceStore
-
-T0 = 1_800_000_000_000  # processing time of input batch 0
-STEP_MS = 1_000  # processing time between input batches
-FAR_MS = 10**9  # the last batch of a run is this far in the future: every timer is due
-Step = list[Any]
-
-
-# ---- the application: input, handler, fold ---------------------------------------------
-
-
-@dataclass(frozen=True)
-class Spec:
-    """The shape of one run's application."""
-
-    slices: int = 8
-    keys: int = 24
-    batches: int = 6
-    per_batch: int = 6
-    workers: int = 3
-    timers: bool = True
-    snapshot_every: int = 2
-    keep_snapshots: int = 2
-
-
-@dataclass(frozen=True)
-class Rec:
-    id: int
-    key: str
-    timer: int | None  # the processing-time timer the record sets, if any
-
-
-def make_input(rng: random.Random, spec: Spec) -> list[list[Rec]]:
-    """Input batches: record ids in stream order, a few keys, a timer on some records."""
-    out, rid = [], 0
-    for b in range(spec.batches):
-        batch = []
-        for _ in range(rng.randint(1, spec.per_batch)):
-            ts = None
-            if spec.timers and rid % 3 == 0:
-                ts = now_of(b) + (1 + rid % 2) * STEP_MS - 500 + rid % 500
-            batch.append(Rec(rid, f"k{rng.randrange(spec.keys)}", ts))
-            rid += 1
-        out.append(batch)
-    return out
-
-
-def now_of(index: int) -> int:
-    """The processing time of input batch `index` (Spark keeps it on a re-run)."""
-    return T0 + index * STEP_MS
-
-
-def process(event: Any, ctx: Any) -> None:
-    rec = json.loads(event.data)
-    st = ctx.state.get(None) or {"ids": [], "fired": []}
-    st["ids"].append(rec["id"])
-    ctx.state.set(st)
-    if rec["t"] is not None:
-        ctx.timers.set(rec["t"])
-    ctx.emit({"id": rec["id"], "n": len(st["ids"])})
-
-
-def on_timer(timer: Any, ctx: Any) -> None:
-    st = ctx.state.get(None) or {"ids": [], "fired": []}
-    st["fired"].append(timer.ts)
-    ctx.state.set(st)
-    ctx.emit({"timer": timer.ts})
-
-
-def frame(records: list[Rec], slices: int, only: range) -> pd.DataFrame | None:
-    """The records of one group, as Spark hands them to the runtime (shuffled)."""
-    rows = []
-    for r in records:
-        s = route(r.key, None, slices)
-        if s not in only:
-            continue
-        seq = str(10**30 + r.id)
-        rows.append(
-            {
-                "stream": "s",
-                "shard": "shardId-0",
-                "sequence_number": seq,
-                "subsequence": 0,
-                "partition_key": r.key,
-                "explicit_hash_key": None,
-                "arrival": datetime(2026, 1, 1, tzinfo=UTC),
-                "data": json.dumps({"id": r.id, "t": r.timer}).encode(),
-                "slice": s,
-                "stream_order": "0000" + seq.rjust(64, "0") + "0" * 10,
-            }
-        )
-    if not rows:
-        return None
-    return pd.DataFrame(rows).sample(frac=1, random_state=len(rows))
-
-
-@dataclass
-class Fold:
-    """The oracle: per key, the record ids in stream order; per output, what it says."""
-
-    ids: dict[str, list[int]] = field(default_factory=dict)
-
-    def apply(self, records: list[Rec]) -> dict[int, int]:
-        """Fold one batch; return each record's output (its key's count after it)."""
-        out = {}
-        for r in records:
-            self.ids.setdefault(r.key, []).append(r.id)
-            out[r.id] = len(self.ids[r.key])
-        return out
-
-
-# ---- the world --------------------------------------------------------------------------
 
 
 class Violation(Exception):
@@ -165,11 +53,8 @@ class Violation(Exception):
         self.message = message
 
 
-class Crash(RuntimeError):
-    """A worker dies at a crash point."""
-
-
 REFUSALS = (ProcessorError, ChangelogError)
+Step = list[Any]
 
 
 @dataclass
@@ -184,6 +69,8 @@ class Query:
     pending: dict[int, dict] = field(default_factory=dict)  # Spark's group state
     done: dict[int, tuple[list, dict]] = field(default_factory=dict)  # group -> outputs, pending
     dead: bool = False  # its driver stopped (a refusal it cannot get past)
+    start_from: dict | None = None  # the record a COMMITTED start continued
+    before: dict[int, dict] = field(default_factory=dict)  # Spark's state before the last batch
 
 
 @dataclass
@@ -301,7 +188,7 @@ class World:
             fenced = progress.register(self.loc, qid, 0, start_from, **more)
         except REFUSALS as exc:
             return self.refuse(exc)
-        self.queries.append(Query(qid, groups, cursor, fenced=fenced))
+        self.queries.append(Query(qid, groups, cursor, fenced=fenced, start_from=start_from))
         self.check_exact("committed_start")
         return "ok"
 
@@ -407,6 +294,9 @@ class World:
 
     def accept(self, q: Query) -> None:
         outs = [o for g in sorted(q.done) for o in q.done[g][0]]
+        last = self.lineage[-1] if self.lineage else None
+        if last is not None and (last.query, last.batch) == (q.id, q.batch):
+            self.lineage.pop()  # recorded again after a restart: the same batch, once
         fold = self.fold()
         expected = fold.apply(self.input[q.cursor])
         got: dict[int, int] = {}
@@ -434,10 +324,35 @@ class World:
         if twice or len(set(timers)) != len(timers):
             raise Violation("timer_twice", f"timers fired again in accepted outputs: {twice}")
         self.lineage.append(Accepted(q.id, q.batch, q.cursor, timers))
+        q.before = q.pending
         q.pending = {g: q.done[g][1] for g in q.done}
         q.done = {}
         q.batch += 1
         q.cursor += 1
+
+    def do_restart(self, qi: int, again: bool, groups: int | None = None) -> str:
+        """The query's driver restarts from its checkpoint: every group of the current
+        batch runs again; `again`: Spark's commit of the batch just recorded was lost, so
+        it runs (and records) that batch again; `groups`: with another group count."""
+        if not 0 <= qi < len(self.queries) or self.queries[qi].dead:
+            return "skip"
+        q = self.queries[qi]
+        last = self.lineage[-1] if self.lineage else None
+        if again:
+            if last is None or (last.query, last.batch) != (q.id, q.batch - 1):
+                return "skip"
+            q.batch, q.cursor, q.pending = q.batch - 1, q.cursor - 1, q.before
+        elif q.cursor >= len(self.input):
+            return "skip"
+        q.done = {}
+        if groups is not None:
+            q.groups, q.pending = groups, {}
+        try:
+            progress.register(self.loc, q.id, q.batch, q.start_from if q.batch == 0 else None)
+        except REFUSALS as exc:
+            q.dead = True
+            return self.refuse(exc)
+        return "ok"
 
     def do_wipe(self, w: int) -> str:
         if self.busy(w):
@@ -553,28 +468,41 @@ class World:
         return f
 
     def durable(self) -> dict[str, Any]:
-        """Every key's state rebuilt on a fresh directory from S3 and DynamoDB alone."""
+        """Every key's state rebuilt on a fresh directory from S3 and DynamoDB alone (a
+        slice whose head is unchanged since the last check is not restored again)."""
         durable = DurableState(self.loc)
         heads = durable.heads(list(range(self.spec.slices)))
+        marks = {
+            s: json.dumps(head_item(h), sort_keys=True, default=repr).encode()
+            for s, h in heads.items()
+        }
+        stale = [s for s in sorted(heads) if self._checked.get(s, (b"",))[0] != marks[s]]
+        with tempfile.TemporaryDirectory(dir=self.root) as scratch:
+            jobs = [
+                RestoreJob(
+                    Path(scratch) / str(s),
+                    identity(self.app, s, self.spec.slices),
+                    heads[s],
+                    heads[s].version,
+                )
+                for s in stale
+            ]
+            failed = []
+            for done in restore_many(jobs, durable) if jobs else []:
+                s = done.job.slice
+                if done.error is not None or done.store is None:
+                    err = done.error
+                    failed.append(f"slice {s} v{heads[s].version}: {type(err).__name__}: {err}")
+                    continue
+                try:
+                    self._checked[s] = (marks[s], decode_items(done.store))
+                finally:
+                    done.store.close()
+        if failed:
+            raise Violation("restore_failed", "; ".join(failed)[:600])
         found: dict[str, Any] = {}
-        for s, head in sorted(heads.items()):
-            mark = json.dumps(head_item(head), sort_keys=True, default=repr).encode()
-            cached = self._checked.get(s)
-            if cached is None or cached[0] != mark:
-                with tempfile.TemporaryDirectory(dir=self.root) as scratch:
-                    try:
-                        store, _ = materialize(durable, head, Path(scratch) / "s", self.spec.slices)
-                    except Exception as exc:  # noqa: BLE001 - any failure is the finding
-                        raise Violation(
-                            "restore_failed",
-                            f"slice {s} v{head.version}: {type(exc).__name__}: {exc}"[:500],
-                        ) from exc
-                    try:
-                        cached = (mark, decode_items(store))
-                    finally:
-                        store.close()
-                self._checked[s] = cached
-            found.update(cached[1])
+        for s in sorted(heads):
+            found.update(self._checked[s][1])
         return found
 
     def check(self) -> None:
@@ -691,111 +619,3 @@ def diff_text(got: dict, want: dict) -> str:
         f"{k}: state {got.get(k)} fold {want.get(k)}" for k in keys if got.get(k) != want.get(k)
     ]
     return f"{len(diffs)} keys differ: " + "; ".join(diffs[:4])
-
-
-# ---- crash points, twins and zombies: wrappers around the real functions ----------------
-
-
-@contextlib.contextmanager
-def patched(owner: type, name: str, make: Callable[[Callable], Callable]) -> Iterator[None]:
-    real = owner.__dict__[name]
-    setattr(owner, name, make(real))
-    try:
-        yield
-    finally:
-        setattr(owner, name, real)
-
-
-@contextlib.contextmanager
-def crash_point(where: str | None) -> Iterator[None]:
-    """Raise Crash in this thread: after the segment PUT ("s3"), after the DynamoDB commit
-    ("ddb"), after the local apply ("local")."""
-    if where is None:
-        yield
-        return
-    me = threading.current_thread()
-    committed = threading.Event()
-
-    def transact(real: Callable) -> Callable:
-        def wrapper(self: Any, *a: Any, **k: Any) -> Any:
-            if threading.current_thread() is me:
-                raise Crash("after the segment PUT")
-            return real(self, *a, **k)
-
-        return wrapper
-
-    def commit(real: Callable) -> Callable:
-        def wrapper(self: Any, *a: Any, **k: Any) -> Any:
-            out = real(self, *a, **k)
-            if threading.current_thread() is me:
-                committed.set()
-            return out
-
-        return wrapper
-
-    def store_commit(real: Callable) -> Callable:
-        def wrapper(self: Any, *a: Any, **k: Any) -> Any:
-            if threading.current_thread() is me and committed.is_set():
-                raise Crash("after the DynamoDB commit")
-            return real(self, *a, **k)
-
-        return wrapper
-
-    def remember(real: Callable) -> Callable:
-        def wrapper(self: Any, *a: Any, **k: Any) -> Any:
-            if threading.current_thread() is me:
-                raise Crash("after the local apply")
-            return real(self, *a, **k)
-
-        return wrapper
-
-    with contextlib.ExitStack() as stack:
-        if where == "s3":
-            stack.enter_context(patched(DurableState, "_transact", transact))
-        elif where == "ddb":
-            stack.enter_context(patched(DurableState, "commit", commit))
-            stack.enter_context(patched(SliceStore, "commit", store_commit))
-        elif where == "local":
-            stack.enter_context(patched(StoreCache, "remember", remember))
-        else:
-            raise ValueError(f"no crash point {where!r}")
-        yield
-
-
-@contextlib.contextmanager
-def before_first_commit(fn: Callable[[], None]) -> Iterator[None]:
-    """Run `fn` once, when this thread first reaches DurableState.commit."""
-    me = threading.current_thread()
-    fired = []
-
-    def commit(real: Callable) -> Callable:
-        def wrapper(self: Any, *a: Any, **k: Any) -> Any:
-            if threading.current_thread() is me and not fired:
-                fired.append(1)
-                fn()
-            return real(self, *a, **k)
-
-        return wrapper
-
-    with patched(DurableState, "commit", commit):
-        yield
-        if not fired:
-            fn()  # the first attempt committed nothing: the copy runs after it
-
-
-@contextlib.contextmanager
-def stall_commit(arrived: threading.Event, release: threading.Event) -> Iterator[None]:
-    """Hold this thread after its segment PUT, before its DynamoDB transaction."""
-    me = threading.current_thread()
-
-    def transact(real: Callable) -> Callable:
-        def wrapper(self: Any, *a: Any, **k: Any) -> Any:
-            if threading.current_thread() is me:
-                arrived.set()
-                release.wait(600)
-            return real(self, *a, **k)
-
-        return wrapper
-
-    with patched(DurableState, "_transact", transact):
-        yield

@@ -1,8 +1,9 @@
 """`bench.protocol`: a seeded slice of the model-based protocol test, and proof that its
 oracle fails when the runtime is broken on purpose.
 
-PROTOCOL_RUNS, PROTOCOL_SEED and PROTOCOL_KINDS (comma-separated step kinds, see
-`bench.protocol.KINDS`) change the slice."""
+PROTOCOL_RUNS, PROTOCOL_SEED, PROTOCOL_KINDS (comma-separated step kinds, see
+`bench.protocol.KINDS`) and PROTOCOL_TIMERS (1: a handler that sets timers) change the
+slice."""
 
 from __future__ import annotations
 
@@ -12,13 +13,17 @@ import pytest
 
 from bench import protocol
 from bench.protocol import Settings, run_once
+from bench.protocol_app import Spec
 from processor import runtime
 
 
 def settings(max_steps: int = 20) -> Settings:
     kinds = os.environ.get("PROTOCOL_KINDS")
+    timers = os.environ.get("PROTOCOL_TIMERS", "1" if protocol.CI_TIMERS else "0") == "1"
     return Settings(
-        max_steps=max_steps, kinds=tuple(kinds.split(",")) if kinds else protocol.CI_KINDS
+        spec=Spec(timers=timers),
+        max_steps=max_steps,
+        kinds=tuple(kinds.split(",")) if kinds else protocol.CI_KINDS,
     )
 
 

@@ -1,0 +1,123 @@
+"""Crash points, speculative twins and zombies for `bench.protocol`: wrappers around the
+real functions of the commit path, in place only while their step (or zombie) lives, and
+acting only in the thread that installed them."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from changelog.durable import DurableState
+from processor.stores import StoreCache
+from state.store import SliceStore
+
+
+class Crash(RuntimeError):
+    """A worker dies at a crash point."""
+
+
+@contextlib.contextmanager
+def patched(owner: type, name: str, make: Callable[[Callable], Callable]) -> Iterator[None]:
+    real = owner.__dict__[name]
+    setattr(owner, name, make(real))
+    try:
+        yield
+    finally:
+        setattr(owner, name, real)
+
+
+@contextlib.contextmanager
+def crash_point(where: str | None) -> Iterator[None]:
+    """Raise Crash in this thread: after the segment PUT ("s3"), after the DynamoDB commit
+    ("ddb"), after the local apply ("local")."""
+    if where is None:
+        yield
+        return
+    me = threading.current_thread()
+    committed = threading.Event()
+
+    def transact(real: Callable) -> Callable:
+        def wrapper(self: Any, *a: Any, **k: Any) -> Any:
+            if threading.current_thread() is me:
+                raise Crash("after the segment PUT")
+            return real(self, *a, **k)
+
+        return wrapper
+
+    def commit(real: Callable) -> Callable:
+        def wrapper(self: Any, *a: Any, **k: Any) -> Any:
+            out = real(self, *a, **k)
+            if threading.current_thread() is me:
+                committed.set()
+            return out
+
+        return wrapper
+
+    def store_commit(real: Callable) -> Callable:
+        def wrapper(self: Any, *a: Any, **k: Any) -> Any:
+            if threading.current_thread() is me and committed.is_set():
+                raise Crash("after the DynamoDB commit")
+            return real(self, *a, **k)
+
+        return wrapper
+
+    def remember(real: Callable) -> Callable:
+        def wrapper(self: Any, *a: Any, **k: Any) -> Any:
+            if threading.current_thread() is me:
+                raise Crash("after the local apply")
+            return real(self, *a, **k)
+
+        return wrapper
+
+    with contextlib.ExitStack() as stack:
+        if where == "s3":
+            stack.enter_context(patched(DurableState, "_transact", transact))
+        elif where == "ddb":
+            stack.enter_context(patched(DurableState, "commit", commit))
+            stack.enter_context(patched(SliceStore, "commit", store_commit))
+        elif where == "local":
+            stack.enter_context(patched(StoreCache, "remember", remember))
+        else:
+            raise ValueError(f"no crash point {where!r}")
+        yield
+
+
+@contextlib.contextmanager
+def before_first_commit(fn: Callable[[], None]) -> Iterator[None]:
+    """Run `fn` once, when this thread first reaches DurableState.commit."""
+    me = threading.current_thread()
+    fired = []
+
+    def commit(real: Callable) -> Callable:
+        def wrapper(self: Any, *a: Any, **k: Any) -> Any:
+            if threading.current_thread() is me and not fired:
+                fired.append(1)
+                fn()
+            return real(self, *a, **k)
+
+        return wrapper
+
+    with patched(DurableState, "commit", commit):
+        yield
+        if not fired:
+            fn()  # the first attempt committed nothing: the copy runs after it
+
+
+@contextlib.contextmanager
+def stall_commit(arrived: threading.Event, release: threading.Event) -> Iterator[None]:
+    """Hold this thread after its segment PUT, before its DynamoDB transaction."""
+    me = threading.current_thread()
+
+    def transact(real: Callable) -> Callable:
+        def wrapper(self: Any, *a: Any, **k: Any) -> Any:
+            if threading.current_thread() is me:
+                arrived.set()
+                release.wait(600)
+            return real(self, *a, **k)
+
+        return wrapper
+
+    with patched(DurableState, "_transact", transact):
+        yield
