@@ -52,6 +52,7 @@ WEIGHTS = {
     "rollback_unrecorded": 1,
     "gc": 3,
     "restore": 2,
+    "reslice": 1,
 }
 KINDS = tuple(WEIGHTS)
 # The CI slice's mix: every kind except those that still find known holes (see
@@ -79,7 +80,7 @@ class Settings:
 
 def choose(rng: random.Random, world: World, settings: Settings) -> Step:
     """A step that can do something in `world` now (drawn from the allowed kinds)."""
-    spec = settings.spec
+    spec = world.spec
     live = [i for i in range(len(world.queries)) if world.live(i) is not None]
     kinds = [k for k in settings.kinds if k in WEIGHTS]
     if not world.queries or (not live and "start" in kinds):
@@ -129,6 +130,8 @@ def choose(rng: random.Random, world: World, settings: Settings) -> Step:
         return ["rollback_unrecorded", rng.randrange(len(world.queries))]
     if kind == "gc":
         return ["gc", True]
+    if kind == "reslice":
+        return ["reslice", rng.choice([x for x in (4, 8, 16) if x != spec.slices])]
     if kind == "restore":
         return ["restore", rng.randrange(max(1, len(world.lineage))), rng.randrange(spec.slices)]
     raise AssertionError(kind)

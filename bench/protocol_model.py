@@ -20,7 +20,7 @@ import tempfile
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -79,6 +79,7 @@ class Accepted:
     batch: int
     index: int  # the input batch
     timers: list[tuple[str, int]]  # timer outputs of the batch
+    generation: int = 0  # the application (re-sliced generation) it was accepted in
 
 
 class World:
@@ -90,6 +91,7 @@ class World:
         self.root = root
         self.app = f"pr-{uuid.uuid4().hex[:12]}"
         self.loc = AppLocation.default(self.app)
+        self.apps = [self.loc]  # every generation, dropped at the end
         resources.ensure(self.loc, spec.slices)
         self.queries: list[Query] = []
         self.lineage: list[Accepted] = []
@@ -323,7 +325,7 @@ class World:
         twice = [t for t in timers if t in seen]
         if twice or len(set(timers)) != len(timers):
             raise Violation("timer_twice", f"timers fired again in accepted outputs: {twice}")
-        self.lineage.append(Accepted(q.id, q.batch, q.cursor, timers))
+        self.lineage.append(Accepted(q.id, q.batch, q.cursor, timers, len(self.apps) - 1))
         q.before = q.pending
         q.pending = {g: q.done[g][1] for g in q.done}
         q.done = {}
@@ -374,7 +376,7 @@ class World:
     def do_rollback(self, back: int) -> str:
         """Roll back to an accepted batch `back` batches before the newest, and make its
         progress record the latest."""
-        if back >= len(self.lineage):
+        if back >= len(self.lineage) or not self.current(self.lineage[-1 - back]):
             return "skip"
         target = self.lineage[-1 - back]
         try:
@@ -422,25 +424,19 @@ class World:
         the fold at that batch."""
         if back >= len(self.lineage) or s >= self.spec.slices:
             return "skip"
+        if not self.current(self.lineage[-1 - back]):
+            return "skip"
         target = self.lineage[-1 - back]
         dest = self.root / f"restore-{uuid.uuid4().hex[:8]}"
         args = [
             "state", "restore", "--app", self.app, "--slice", str(s), "--dest", str(dest),
             "--batch", str(target.batch), "--query", target.query, "--json",
         ]  # fmt: skip
-        parser = argparse.ArgumentParser()
-        state_cli.add_parser(parser.add_subparsers())
-        ns = parser.parse_args(args)
-        try:
-            err = io.StringIO()
-            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-                code = state_cli.run(ns)
-        except REFUSALS as exc:
-            code, err = 2, io.StringIO(str(exc))
+        code, err = state_tool(args)
         if code != 0:
-            if "no committed state" in err.getvalue():
+            if "no committed state" in err:
                 return "ok (empty)"
-            return self.refuse(f"state restore exit {code}: {err.getvalue().strip()}")
+            return self.refuse(f"state restore exit {code}: {err}")
         store = SliceStore(dest, {"app": self.app, "slice": s, "slices": self.spec.slices})
         try:
             found = decode_items(store)
@@ -458,6 +454,37 @@ class World:
                 f"{diff_text(got, want)}",
             )
         return "ok"
+
+    def do_reslice(self, to: int) -> str:
+        """The job stops (every query), `state reslice --apply` writes the state as `to`
+        slices into a new application, which the next COMMITTED start continues."""
+        n = self.spec.slices
+        if to == n or not (to % n == 0 or n % to == 0):
+            return "skip"
+        self.do_resume()
+        for w in range(self.spec.workers):
+            self.kill(w)
+        for q in self.queries:
+            q.dead = True
+        target = AppLocation.default(f"pr-{uuid.uuid4().hex[:12]}")
+        args = [
+            "state", "reslice", "--app", self.app, "--to-app", target.app,
+            "--to-slices", str(to), "--apply", "--force", "--json",
+        ]  # fmt: skip
+        if n == 1:
+            args.append("--md5-routed")
+        self.apps.append(target)  # dropped at the end even if the tool fails half-way
+        code, err = state_tool(args)
+        if code != 0:
+            self.apps.pop()
+            return self.refuse(f"state reslice exit {code}: {err}")
+        self.app, self.loc = target.app, target
+        self.spec = replace(self.spec, slices=to)
+        self._checked = {}
+        return "ok"  # commits of unrecorded batches are the next COMMITTED start's to undo
+
+    def current(self, a: Accepted) -> bool:
+        return a.generation == len(self.apps) - 1
 
     # -- the oracle --
 
@@ -587,7 +614,8 @@ class World:
             self.do_resume()
         for w in range(self.spec.workers):
             self.kill(w)
-        drop(self.loc)
+        for loc in self.apps:
+            drop(loc)
 
 
 def drop(loc: AppLocation) -> None:
@@ -601,6 +629,20 @@ def drop(loc: AppLocation) -> None:
             if keys:
                 s3.delete_objects(Bucket=loc.bucket, Delete={"Objects": keys, "Quiet": True})
         s3.delete_bucket(Bucket=loc.bucket)
+
+
+def state_tool(argv: list[str]) -> tuple[int, str]:
+    """Run `shardless state ...` in this process; its exit code and its stderr."""
+    parser = argparse.ArgumentParser()
+    state_cli.add_parser(parser.add_subparsers())
+    ns = parser.parse_args(argv)
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            code = state_cli.run(ns)
+    except REFUSALS as exc:
+        return 2, str(exc)
+    return code, err.getvalue().strip()[:400]
 
 
 def decode_items(store: SliceStore) -> dict[str, Any]:
