@@ -5,7 +5,10 @@ Runs `examples/user_activity.py` with `shardless run` on a two-executor Spark
 another (`processor/faults/schedule.py`): kill -9 of the driver (restarted from its
 checkpoint, maybe after a reshard), of an executor (its disk lost too) or of a Python
 worker; S3 and DynamoDB 5xx, throttling and writes applied but reported failed; Kinesis
-throttling and expired iterators. After each schedule the durable state and the outputs
+throttling and expired iterators; and operator actions (`--no-operator-actions` leaves
+them out): a takeover by a new checkpoint at COMMITTED while the job runs, a new checkpoint
+with another group count, `state rollback` then a new checkpoint, `state gc --delete`
+while the job runs. After each schedule the durable state and the outputs
 are compared with a plain-Python fold of the stream (`processor/faults/check.py`).
 
 Prints one JSON object: `schedules`, `faults_by_kind` (faults that happened),
@@ -53,6 +56,7 @@ def run_harness(
     first: int = 0,
     plans: list[Schedule] | None = None,
     partial: Path | None = None,
+    operator: bool = True,
 ) -> dict[str, Any]:
     """Run schedules `first .. first+schedules-1` of `seed` against running emulators, or
     the given `plans` (then `schedules` and `first` are not used). With `partial`, the
@@ -74,7 +78,7 @@ def run_harness(
     ):
         env = runner.Env(kinesis, aws.env(), storage, kinesis_proxy, work, keep, stalls)
         if plans is None:
-            plans = [draw(seed, index) for index in range(first, first + schedules)]
+            plans = [draw(seed, index, operator) for index in range(first, first + schedules)]
             if stalls:
                 plans = [with_stall(p) for p in plans]
         for schedule in plans:
@@ -138,6 +142,10 @@ def summarize(
         "requests_broken": dict(sorted(broken.items())),
         "driver_runs": sum(len(o.runs) for o in outcomes),
         "driver_failures_restarted": sum(len(o.failures) for o in outcomes),
+        "queries": sum(len(o.checkpoints) for o in outcomes),
+        "takeover_refusals": sum(len(o.takeover_refusals) for o in outcomes),
+        "old_drivers_fenced": sum(1 for o in outcomes for _, e in o.old if e.get("old_fenced")),
+        "old_drivers_stopped": sum(1 for o in outcomes for _, e in o.old if e.get("old_stopped")),
         "commit_conflicts_logged": sum(o.commit_conflicts for o in outcomes),
         "batch_groups_committed_more_than_once": sum(
             o.commit_attempts.get("batch_groups_committed_more_than_once", 0) for o in outcomes
@@ -207,6 +215,12 @@ def main(argv: list[str] | None = None) -> int:
         help="add an executor stall to every schedule: the driver gives the executor up and "
         "runs its tasks again, then the stalled Python workers resume as zombies",
     )
+    parser.add_argument(
+        "--no-operator-actions",
+        dest="operator",
+        action="store_false",
+        help="leave out the operator actions (takeover, regroup, rollback, gc while running)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the emulators on a kill
@@ -225,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             progress=lambda line: print(line, file=sys.stderr, flush=True),
             first=args.first,
             partial=work / "summary.json",
+            operator=args.operator,
         )
     finally:
         emulators.stop()

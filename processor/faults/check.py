@@ -1,15 +1,35 @@
 """After a schedule: the job's durable state and outputs against a plain-Python fold.
 
-Three checks, each a list of human-readable problems (empty when all is well):
+A schedule may run several queries (Spark checkpoints) on its application, one after
+another: the first at TRIM_HORIZON, each later one at `--starting-position COMMITTED`
+(a takeover, a new group count, after a rollback), continuing from a progress record
+`(query, batch)` of an earlier one. Each query writes its outputs to a folder of its own
+(`batch_id=<n>` directories: batch ids start at 0 again in a new query).
+
+The **lineage** is what the application stands by: the last query's batches, the
+batches up to s of the query whose record (s) it continued from, and so on back to the
+first query. Every other output is **superseded**: a batch after the record a later query
+continued from (its state was rolled back by `state rollback` or by the COMMITTED start's
+undo of commits past the latest record, or never landed because the query was fenced;
+the later query reads those records again and emits their outputs again), or a query off
+the lineage altogether (a takeover refused at its first batch, a new checkpoint that failed
+before it recorded a batch and was replaced by another).
+
+Four checks, each a list of human-readable problems (empty when all is well):
 
 - state: every slice rebuilt from S3 and DynamoDB alone (`demo.durable_state`) equals the
   reference fold of the stream (`demo.reference_fold`);
-- outputs: per user, counts 1..n exactly once ending at the reference state
-  (`demo.check_outputs`), read from the Parquet sink's per-batch directories: a retried
-  batch overwrote its own directory, so reading them all is the outputs deduplicated by
-  batch id;
-- order: per user, the output with count k carries the k-th event's timestamp, which
-  holds only if the user's events were processed once each and in stream order.
+- outputs: in the lineage, per user, counts 1..n exactly once each, ending at the
+  reference state (`demo.check_outputs`); a retried batch overwrote its own directory,
+  so reading a query's folder is its outputs deduplicated by (query, batch);
+- order: in the lineage, per user, the output with count k carries the k-th event's
+  timestamp, which holds only if the user's events were processed once each and in stream
+  order; and every superseded output is one of the fold's outputs too (count k with the
+  k-th event's timestamp): re-emitted, never made up. So the only duplicates accepted are
+  copies of fold outputs in superseded batches; a record counted twice shows up as a
+  count whose timestamp is not the stream's (or a count past the fold's);
+- the lineage's batch reports (the last one per (query, batch)) count every event of
+  the stream once.
 """
 
 from __future__ import annotations
@@ -18,6 +38,7 @@ import json
 import re
 import tempfile
 from collections import Counter, defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -48,6 +69,91 @@ class _ParquetReader:
 
     def collect(self) -> list[SimpleNamespace]:
         return [SimpleNamespace(value=v) for v in self._values]
+
+
+class _Values(_ParquetReader):
+    """`_ParquetReader` over values already read."""
+
+    def __init__(self, values: list[str]) -> None:
+        super().__init__()
+        self._given = values
+
+    def parquet(self, path: str) -> _ParquetReader:
+        self._values = self._given
+        return self
+
+
+@dataclass
+class QueryRun:
+    """One query (checkpoint) of a schedule: its Spark query id, its output folder, the
+    record it continued from (`(query, batch)`, None for a query at its own position) and
+    its batch reports (the last one per batch id)."""
+
+    query: str
+    out_dir: str
+    start: tuple[str, int] | None = None
+    reports: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+Lineage = dict[str, "int | None"]  # query -> last batch of it in the lineage (None: all)
+
+
+def lineage(queries: list[QueryRun]) -> Lineage:
+    """Back from the last query along the records each continued from."""
+    if not queries:
+        return {}
+    by_id = {q.query: q for q in queries}
+    keep: Lineage = {queries[-1].query: None}
+    current = queries[-1]
+    while current.start is not None:
+        query, batch = current.start
+        if query in keep:  # a loop cannot happen; stop rather than spin
+            break
+        keep[query] = batch
+        if query not in by_id:
+            break
+        current = by_id[query]
+    return keep
+
+
+def in_lineage(query: str, batch: int, keep: Lineage) -> bool:
+    return query in keep and (keep[query] is None or batch <= keep[query])
+
+
+def output_rows(path: str) -> list[tuple[int, str]]:
+    """Every output row's `(batch_id, value)` under the sink's directory."""
+    if not Path(path).exists():
+        return []
+    dataset = ds.dataset(path, format="parquet", partitioning="hive")
+    if "batch_id" not in dataset.schema.names:  # not the Parquet sink's layout: one batch
+        return [(0, v) for v in dataset.to_table(columns=["value"]).column("value").to_pylist()]
+    table = dataset.to_table(columns=["batch_id", "value"])
+    batches, values = table.column("batch_id").to_pylist(), table.column("value").to_pylist()
+    return list(zip(batches, values, strict=True))
+
+
+def output_problems(
+    rows: list[tuple[str, int, str]],
+    keep: Lineage,
+    expected: dict[str, dict],
+    timestamps: dict[str, list[int]],
+) -> list[str]:
+    """The outputs and order checks (module docstring) over every query's `(query, batch,
+    value)` rows, `keep` the lineage."""
+    kept = [v for q, b, v in rows if in_lineage(q, b, keep)]
+    gone = [(q, b, v) for q, b, v in rows if not in_lineage(q, b, keep)]
+    problems = [f"outputs: {p}" for p in demo.check_outputs(_Values(kept), "", expected)]
+    problems += [f"order: {p}" for p in order_problems(kept, timestamps)]
+    for query, batch, value in gone:
+        v = json.loads(value)
+        want = timestamps.get(v["user"], [])
+        k = v["count"]
+        if not 1 <= k <= len(want) or want[k - 1] != v["last_seen"]:
+            problems.append(
+                f"superseded: query {query[:8]} batch {batch} output {v} is not one of the "
+                "fold's outputs (counted twice or out of order before it was superseded)"
+            )
+    return problems
 
 
 def output_values(path: str) -> list[str]:
@@ -88,10 +194,19 @@ def order_problems(values: list[str], timestamps: dict[str, list[int]]) -> list[
 
 
 def verify(
-    kinesis: Any, cfg: JobConfig, stream: str, out_dir: str, processed: int
+    kinesis: Any,
+    cfg: JobConfig,
+    stream: str,
+    queries: list[QueryRun] | str,
+    processed: int | None = None,
 ) -> tuple[list[str], int]:
-    """Problems found, and the number of events in the stream. `processed` is the sum of
-    the job's batch reports' records, one report per batch id."""
+    """Problems found, and the number of events in the stream. `queries` in order (the
+    last is the one that drained the stream); or, for a job of one query, its output
+    folder and `processed`, the sum of its batch reports' records (one per batch id)."""
+    if not isinstance(queries, list):
+        queries = [QueryRun("", str(queries))]
+    else:
+        processed = None
     expected, total = demo.reference_fold(kinesis, stream)
     problems = []
     with tempfile.TemporaryDirectory(prefix="shardless-faults-verify-") as scratch:
@@ -106,14 +221,20 @@ def verify(
                 f"{u}: state {rebuilt.get(u)} expected {expected.get(u)}" for u in wrong[:3]
             )
         )
-    problems += [f"outputs: {p}" for p in demo.check_outputs(_ParquetReader(), out_dir, expected)]
-    problems += [
-        f"order: {p}"
-        for p in order_problems(output_values(out_dir), stream_timestamps(kinesis, stream))
-    ]
+    keep = lineage(queries)
+    rows = [(q.query, b, v) for q in queries for b, v in output_rows(q.out_dir)]
+    problems += output_problems(rows, keep, expected, stream_timestamps(kinesis, stream))
+    if processed is None:
+        processed = sum(
+            r["records"]
+            for q in queries
+            for b, r in q.reports.items()
+            if in_lineage(q.query, b, keep)
+        )
     if processed != total:
         problems.append(
-            f"the job's batch reports count {processed} records, the stream holds {total}"
+            f"the lineage's batch reports (last per query and batch) count {processed} "
+            f"records, the stream holds {total}"
         )
     return problems, total
 

@@ -38,6 +38,8 @@ class Driver:
     reports: list[dict[str, Any]] = field(default_factory=list)
     killed: bool = False
     kill_marks: list[int] = field(default_factory=list)  # reports seen at each executor kill
+    query_no: int = 1  # which of the schedule's checkpoints (queries) it runs, from 1
+    first_report_at: float | None = None  # time.monotonic() when its first report was read
     _offset: int = 0
     _partial: str = ""
 
@@ -71,6 +73,8 @@ class Driver:
         for line in lines:
             if m := _BATCH_LINE.search(line):
                 self.reports.append(json.loads(m.group(1)))
+                if self.first_report_at is None:
+                    self.first_report_at = time.monotonic()
         return code
 
     def wait_for_batch(self, batch_id: int, timeout_s: float) -> bool:

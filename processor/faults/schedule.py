@@ -6,6 +6,18 @@ timing. Every schedule has one process kill, cycling driver → executor → Pyt
 that any two consecutive schedules cover two kinds, plus AWS and Kinesis faults drawn at
 random, and maybe a second kill. A reshard happens only during recovery: between a driver
 kill and its restart.
+
+Every schedule also has one operator action (unless drawn with `operator=False`), cycling
+takeover → regroup → rollback → gc_running, drawn apart from the rest (the kills and AWS
+faults of a (seed, index) are the same with or without it), and 30% of schedules a second
+`gc_running`:
+
+- takeover: a second driver on a NEW checkpoint at `--starting-position COMMITTED` while the
+  first runs; the first is fenced and never restarted again;
+- regroup: the driver killed, a NEW checkpoint at COMMITTED with another `--groups`;
+- rollback: the driver killed, `shardless state rollback --apply` to an earlier batch that
+  has a progress record, a NEW checkpoint at COMMITTED;
+- gc_running: `shardless state gc --delete` (default grace) while the driver runs.
 """
 
 from __future__ import annotations
@@ -25,6 +37,10 @@ APPLIED_BUT_FAILED = "applied_but_failed"
 KINESIS_THROTTLE = "kinesis_throttle"
 KINESIS_EXPIRED_ITERATOR = "kinesis_expired_iterator"
 EXECUTOR_STALL = "executor_stall"  # only with `with_stall` (`--stalls`)
+TAKEOVER = "takeover"
+REGROUP = "regroup"
+ROLLBACK = "rollback"
+GC_RUNNING = "gc_running"
 
 KILLS = (DRIVER_KILL, EXECUTOR_KILL, WORKER_KILL)
 REQUEST_FAULTS = (
@@ -34,7 +50,10 @@ REQUEST_FAULTS = (
     KINESIS_THROTTLE,
     KINESIS_EXPIRED_ITERATOR,
 )
-KINDS = (*KILLS, RESHARD, *REQUEST_FAULTS, EXECUTOR_STALL)
+# operator actions: each starts a new query (checkpoint) except gc_running
+OPERATOR_ACTIONS = (TAKEOVER, REGROUP, ROLLBACK, GC_RUNNING)
+NEW_QUERY = (TAKEOVER, REGROUP, ROLLBACK)
+KINDS = (*KILLS, RESHARD, *REQUEST_FAULTS, EXECUTOR_STALL, *OPERATOR_ACTIONS)
 
 
 @dataclass(frozen=True)
@@ -43,7 +62,8 @@ class Fault:
 
     Request faults carry the proxy rules they install; they stay until the schedule ends.
     A stall stops an executor's JVM for `stall_s` and its Python processes for
-    `worker_stall_s`."""
+    `worker_stall_s`. A regroup names the new checkpoint's `groups`; a rollback goes back
+    `back` recorded batches from the newest."""
 
     kind: str
     after_batch: int
@@ -51,6 +71,8 @@ class Fault:
     rules: tuple[Rule, ...] = ()
     stall_s: float = 0.0
     worker_stall_s: float = 0.0
+    groups: int = 0
+    back: int = 0
 
     def describe(self) -> dict:
         out: dict = {"kind": self.kind, "after_batch": self.after_batch}
@@ -59,6 +81,10 @@ class Fault:
         if self.stall_s:
             out["stall_s"] = round(self.stall_s, 2)
             out["worker_stall_s"] = round(self.worker_stall_s, 2)
+        if self.groups:
+            out["groups"] = self.groups
+        if self.back:
+            out["back"] = self.back
         if self.rules:
             out["rules"] = [
                 {k: v for k, v in vars(r).items() if v not in (None, False, 0.0)}
@@ -144,8 +170,9 @@ def _request_fault(kind: str, after: int, rng: random.Random) -> Fault:
     return Fault(kind, after, rules=rules)
 
 
-def draw(seed: int, index: int) -> Schedule:
-    """The schedule `index` of the run seeded `seed`."""
+def draw(seed: int, index: int, operator: bool = True) -> Schedule:
+    """The schedule `index` of the run seeded `seed` (with an operator action unless
+    `operator` is False)."""
     rng = random.Random(f"shardless-faults/{seed}/{index}")
     primary = KILLS[index % len(KILLS)]
     faults = [Fault(primary, rng.randint(0, 2), rng.uniform(0.2, 2.0))]
@@ -158,7 +185,7 @@ def draw(seed: int, index: int) -> Schedule:
         )
     for kind in rng.sample(REQUEST_FAULTS, 2):
         faults.append(_request_fault(kind, rng.randint(-1, 2), rng))
-    return Schedule(
+    schedule = Schedule(
         index=index,
         seed=seed,
         shards=rng.choice([2, 2, 3]),
@@ -166,6 +193,36 @@ def draw(seed: int, index: int) -> Schedule:
         more_events=rng.randint(300, 600),
         faults=tuple(sorted(faults, key=lambda f: (f.after_batch, f.kind not in KILLS))),
     )
+    return with_operator_action(schedule) if operator else schedule
+
+
+def _order(faults: list[Fault] | tuple[Fault, ...]) -> tuple[Fault, ...]:
+    return tuple(sorted(faults, key=lambda f: (f.after_batch, f.kind not in KILLS)))
+
+
+def with_operator_action(schedule: Schedule) -> Schedule:
+    """`schedule` plus one operator action (cycling over `OPERATOR_ACTIONS` by index) and,
+    in 30% of schedules, a `gc_running` besides; drawn apart, so the rest is unchanged.
+
+    A takeover, regroup or rollback comes after batch 1 to 3 (a rollback needs an earlier
+    recorded batch to go back to; a run has 4 batches or more) and not on the batch of a
+    driver kill (the two would race for the same driver)."""
+    rng = random.Random(f"shardless-faults-ops/{schedule.seed}/{schedule.index}")
+    kind = OPERATOR_ACTIONS[schedule.index % len(OPERATOR_ACTIONS)]
+    kill_batches = {f.after_batch for f in schedule.faults if f.kind == DRIVER_KILL}
+    after = rng.choice([b for b in (1, 2, 3) if b not in kill_batches])
+    ops = [
+        Fault(
+            kind,
+            after,
+            rng.uniform(0.2, 2.0),
+            groups=rng.choice([2, 8]) if kind == REGROUP else 0,
+            back=rng.randint(1, 2) if kind == ROLLBACK else 0,
+        )
+    ]
+    if kind != GC_RUNNING and rng.random() < 0.3:
+        ops.append(Fault(GC_RUNNING, rng.randint(0, 3), rng.uniform(0.2, 2.0)))
+    return replace(schedule, faults=_order([*schedule.faults, *ops]))
 
 
 def with_stall(schedule: Schedule) -> Schedule:
@@ -187,5 +244,4 @@ def with_stall(schedule: Schedule) -> Schedule:
         stall_s=rng.uniform(20, 30),
         worker_stall_s=rng.uniform(8, 16),
     )
-    faults = sorted((*schedule.faults, stall), key=lambda f: (f.after_batch, f.kind not in KILLS))
-    return replace(schedule, faults=tuple(faults))
+    return replace(schedule, faults=_order([*schedule.faults, stall]))
