@@ -145,13 +145,11 @@ class Checkpoint:
         except (OSError, ValueError, KeyError):
             return None
         start = None
+        folder = root / "offsets"
         offsets = (
-            sorted(
-                (int(p.name) for p in (root / "offsets").glob("*") if p.name.isdigit()),
-                default=None,
-            )
-            if (root / "offsets").is_dir()
-            else None
+            sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+            if (folder.is_dir())
+            else []
         )
         if offsets:
             lines = (root / "offsets" / str(offsets[0])).read_text().splitlines()
