@@ -57,7 +57,7 @@ WEIGHTS = {
 KINDS = tuple(WEIGHTS)
 # The CI slice's mix: every kind except those that still find known holes (see
 # docs/benchmarks.md); PROTOCOL_KINDS in tests/test_protocol.py overrides it.
-CI_KINDS = tuple(k for k in KINDS if k not in ("rollback", "rollback_unrecorded"))
+CI_KINDS = tuple(k for k in KINDS if k not in ("rollback", "rollback_unrecorded", "reslice"))
 CI_TIMERS = False  # timers in idle slices never fire in a new checkpoint (issue 28)
 
 

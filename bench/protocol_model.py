@@ -267,8 +267,10 @@ class World:
         t.join(120)
         self.zombie = None
         found = self.zombie_result[0] if self.zombie_result else None
-        if isinstance(found, BaseException):
+        if isinstance(found, REFUSALS):
             return self.refuse(found)
+        if isinstance(found, BaseException):
+            raise Violation("unexpected_error", f"the zombie: {type(found).__name__}: {found}")
         return "ok (its outputs are discarded: Spark gave up on it)"
 
     def do_record(self, qi: int) -> str:
@@ -566,8 +568,9 @@ class World:
             for key, ts in a.timers:
                 fired.setdefault(key, []).append(ts)
         got_fired = {k: sorted(v["fired"]) for k, v in state.items() if v["fired"]}
-        if got_fired != {k: sorted(v) for k, v in fired.items()}:
-            raise Violation(f"timers_not_exact_after_{after}", diff_text(got_fired, fired))
+        want_fired = {k: sorted(v) for k, v in fired.items()}
+        if got_fired != want_fired:
+            raise Violation(f"timers_not_exact_after_{after}", diff_text(got_fired, want_fired))
 
     def finish(self, groups: int, worker: int) -> None:
         """A fresh COMMITTED query processes every remaining batch, then one batch far in
@@ -606,12 +609,14 @@ class World:
                 if r.timer is not None:
                     timers.setdefault(r.key, []).append(r.timer)
         got_fired = {k: sorted(v["fired"]) for k, v in state.items() if v["fired"]}
-        if got_fired != {k: sorted(v) for k, v in timers.items()}:
-            raise Violation("final_timers", diff_text(got_fired, timers))
+        want_fired = {k: sorted(v) for k, v in timers.items()}
+        if got_fired != want_fired:
+            raise Violation("final_timers", diff_text(got_fired, want_fired))
 
     def close(self) -> None:
         if self.zombie is not None:
-            self.do_resume()
+            with contextlib.suppress(Exception):
+                self.do_resume()
         for w in range(self.spec.workers):
             self.kill(w)
         for loc in self.apps:
