@@ -200,6 +200,7 @@ def record(loc: AppLocation, progress: Progress) -> None:
                         "Item": _item(history_sk(query, progress["batch"]), progress),
                     }
                 },
+                fence.check_item(loc, query),
             ]
         )
     except ClientError as exc:
@@ -208,7 +209,7 @@ def record(loc: AppLocation, progress: Progress) -> None:
         now = _read(loc.table, LATEST_SK)
         why = (
             "this query was fenced (a COMMITTED start or a roll-back took the state over)"
-            if now is not None and query in now["fenced"]
+            if now is not None and query in now["fenced"] or query in fence.fenced(loc)
             else "another query took the state over"
         )
         raise ProcessorError(
@@ -499,12 +500,18 @@ def committed_start(loc: AppLocation) -> tuple[Progress, pos.Positions]:
     """Prepare a COMMITTED start: undo commits past the latest record, then return it and
     the shard positions it holds. ConfigError if no batch has completed yet."""
     withdrawn = (_read(loc.table, LATEST_SK) or {}).get("withdrawn")
-    if withdrawn:
+    if withdrawn:  # nothing to fence: the roll-back that withdrew it fenced every query
         raise ConfigError(
             f"--starting-position COMMITTED: application {loc.app!r}'s progress was "
             f"withdrawn ({withdrawn}, which has no recorded source positions); start at an "
             "explicit --starting-position AT_TIMESTAMP with --allow-recount"
         )
+    # Fence whatever could still be running first: a query that commits between the undo
+    # and the new query's first batch would otherwise keep commits that the new query
+    # then reads and counts again.
+    latest_now = _read(loc.table, LATEST_SK)
+    if latest_now is not None:
+        fence.fence(loc, [q for q in (latest_now["query"], *latest_now["started"]) if q])
     found, moved = undo_uncommitted(loc)
     if found is None:
         undone = f" ({moved} slices with commits of unfinished batches were rolled back)"

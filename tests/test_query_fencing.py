@@ -243,3 +243,21 @@ def test_a_new_query_on_other_streams_only_starts_and_fences_the_one_before(loca
     assert progress.register(location, "second-q", 0, None, streams=("orders",)) == ["first-q"]
     with pytest.raises(QueryFencedError):
         r.run(0, "first-q", 1, frame(B1, 100))
+
+
+def test_a_committed_start_fences_the_running_query_before_its_first_batch(location, tmp_path):
+    """The new job undoes unrecorded commits before Spark starts, and registers only at its
+    first batch. The old query, still running, must not land a batch in between: the new
+    query would read those records again (state B0 + B1 + B1)."""
+    old, new = runner(location, tmp_path / "old"), runner(location, tmp_path / "new")
+    progress.register(location, "old-query", 0, None)
+    old.run(0, "old-query", 0, frame(B0))
+    progress.record(location, a_record("old-query", 0))
+    progress.committed_start(location)  # the new job's prepare()
+    with pytest.raises(QueryFencedError):
+        old.run(0, "old-query", 1, frame(B1, 100))
+    with pytest.raises(ProcessorError, match="this query was fenced"):
+        progress.record(location, a_record("old-query", 1))
+    progress.register(location, "new-query", 0, {"query": "old-query", "batch": 0})
+    new.run(0, "new-query", 0, frame(B1, 100))
+    assert durable_counts(location) == fold(B0, B1)
