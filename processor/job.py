@@ -162,7 +162,8 @@ def outputs(
     from processor import progress
 
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
-    fixed_by_checkpoint = progress.checkpoint_partitions(spark, cfg.checkpoint)
+    layout = progress.checkpoint_layout(spark, cfg.checkpoint)
+    fixed_by_checkpoint = layout[0] if layout is not None else None
     if fixed_by_checkpoint is not None and fixed_by_checkpoint != partitions:
         log.warning(
             "spark.sql.shuffle.partitions=%s, but checkpoint %s fixed %s partitions for its "
@@ -196,12 +197,16 @@ def outputs(
         records = (
             spark.readStream.format("shardless_kinesis").options(**cfg.source_options()).load()
         )
-        # a new checkpoint's first batch wakes the slices whose timers are pending
-        # (`processor.timer_source`); the Kinesis source stays the first in the offset log
-        wake = spark.readStream.format("shardless_timers").options(
-            table=cfg.location.table, slices=str(cfg.slices)
-        )
-        records = records.unionByName(wake.load())
+        # A new checkpoint's first batch wakes the slices whose timers are pending
+        # (`processor.timer_source`); the Kinesis source stays the first in the offset log.
+        # A checkpoint written with the Kinesis source alone (before this source existed)
+        # keeps its one source: Spark refuses a restart with another count, and its group
+        # state holds its pending timers anyway.
+        if layout is None or layout[1] >= 2:
+            wake = spark.readStream.format("shardless_timers").options(
+                table=cfg.location.table, slices=str(cfg.slices)
+            )
+            records = records.unionByName(wake.load())
     group_index = F.floor(F.col("slice") * partitions / cfg.slices).cast("int")
     key_array = F.array(*[F.lit(k) for k in keys])
     # Only what the runtime reads crosses into Python: every column costs Arrow conversion

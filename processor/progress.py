@@ -553,9 +553,10 @@ def checkpoint_offset(spark: Any, checkpoint: str, batch_id: int) -> dict[str, A
     return json.loads(lines[2])  # v1 / batch metadata / one offset per source
 
 
-def checkpoint_partitions(spark: Any, checkpoint: str) -> int | None:
-    """The shuffle partitions Spark's checkpoint fixed for its stateful query (Spark keeps
-    its own value on restart, whatever the session says); None for a new checkpoint."""
+def checkpoint_layout(spark: Any, checkpoint: str) -> tuple[int | None, int] | None:
+    """What Spark's checkpoint fixed for its query, from its newest offset log entry: the
+    shuffle partitions of its state (Spark keeps them on restart, whatever the session
+    says; None if not recorded) and how many sources it reads. None for a new checkpoint."""
     offsets = f"{checkpoint.rstrip('/')}/offsets"
     fs, hpath = _hadoop_path(spark, offsets)
     if not fs.exists(hpath):
@@ -563,9 +564,9 @@ def checkpoint_partitions(spark: Any, checkpoint: str) -> int | None:
     batches = [int(n) for st in fs.listStatus(hpath) if (n := st.getPath().getName()).isdigit()]
     if not batches:
         return None
-    meta = json.loads(_read_lines(spark, f"{offsets}/{max(batches)}")[1])
-    found = meta.get("conf", {}).get("spark.sql.shuffle.partitions")
-    return None if found is None else int(found)
+    lines = _read_lines(spark, f"{offsets}/{max(batches)}")  # v1 / metadata / one per source
+    found = json.loads(lines[1]).get("conf", {}).get("spark.sql.shuffle.partitions")
+    return (None if found is None else int(found)), len(lines) - 2
 
 
 def checkpoint_query(spark: Any, checkpoint: str) -> str:

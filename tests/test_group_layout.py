@@ -56,9 +56,10 @@ def test_slices_of_key_inverts_the_layout():
 @pytest.mark.slow
 def test_the_checkpoint_fixes_the_partitions_a_restart_lays_groups_out_for(spark, tmp_path):
     """Spark keeps a stateful query's shuffle partitions in its checkpoint and uses them
-    on restart whatever the session says; `checkpoint_partitions` reads them back."""
+    on restart whatever the session says; `checkpoint_layout` reads them back, with the
+    number of sources the query reads."""
     checkpoint = str(tmp_path / "ck")
-    assert progress.checkpoint_partitions(spark, checkpoint) is None
+    assert progress.checkpoint_layout(spark, checkpoint) is None
     saved = spark.conf.get("spark.sql.shuffle.partitions")
     spark.conf.set("spark.sql.shuffle.partitions", "3")
     try:
@@ -72,4 +73,4 @@ def test_the_checkpoint_fixes_the_partitions_a_restart_lays_groups_out_for(spark
         query.awaitTermination()
     finally:
         spark.conf.set("spark.sql.shuffle.partitions", saved)
-    assert progress.checkpoint_partitions(spark, checkpoint) == 3
+    assert progress.checkpoint_layout(spark, checkpoint) == (3, 1)

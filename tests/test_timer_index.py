@@ -122,3 +122,38 @@ def test_a_new_checkpoint_fires_timers_of_slices_that_get_no_more_records(
     assert sorted(fired) == keys
     assert sum(r.records for r in reports) == 0
     assert pending_slices(location.table, first.slices) == []
+
+
+@pytest.mark.slow
+def test_a_checkpoint_written_before_the_timer_source_restarts_with_its_one_source(
+    spark, kinesis, make_stream, location, tmp_path, monkeypatch
+):
+    """Checkpoints of earlier versions read the Kinesis source alone, and Spark refuses to
+    restart a query with another number of sources: such a checkpoint keeps one."""
+    from processor import progress
+
+    stream = make_stream(1)
+    kinesis.put_records(
+        StreamName=stream, Records=[{"PartitionKey": f"k{i}", "Data": b"{}"} for i in range(5)]
+    )
+    handlers = HandlerFactory(lambda event, ctx: ctx.state.set(1))
+    cfg = job_config(location, (stream,), tmp_path, checkpoint="ck-old")
+    real = progress.checkpoint_layout
+    with monkeypatch.context() as m:  # as an earlier version laid the query out
+        m.setattr(progress, "checkpoint_layout", lambda *a: real(*a) or (None, 1))
+        start(spark, handlers, cfg, sink=lambda df, b: None, available_now=True).awaitTermination()
+    assert real(spark, cfg.checkpoint)[1] == 1
+    kinesis.put_records(
+        StreamName=stream, Records=[{"PartitionKey": f"k{i}", "Data": b"{}"} for i in range(5)]
+    )
+    reports: list[BatchReport] = []
+    query = start(
+        spark, handlers, cfg, sink=lambda df, b: None, on_report=reports.append,
+        available_now=True,
+    )  # fmt: skip
+    query.awaitTermination()
+    assert query.exception() is None and sum(r.records for r in reports) == 5
+    assert real(spark, cfg.checkpoint)[1] == 1
+    fresh = job_config(location, (stream,), tmp_path, checkpoint="ck-new", allow_recount=True)
+    start(spark, handlers, fresh, sink=lambda df, b: None, available_now=True).awaitTermination()
+    assert real(spark, fresh.checkpoint)[1] == 2  # a new checkpoint reads both
