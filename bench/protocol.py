@@ -45,7 +45,6 @@ WEIGHTS = {
     "record": 22,
     "start": 4,
     "restart": 3,
-    "regroup": 1,
     "wipe": 2,
     "move": 2,
     "rollback": 3,
@@ -118,8 +117,6 @@ def choose(rng: random.Random, world: World, settings: Settings) -> Step:
         return ["start", rng.randint(2, 4)]
     if kind == "restart":
         return ["restart", qi, rng.random() < 0.5]
-    if kind == "regroup":
-        return ["restart", qi, False, rng.choice([x for x in (2, 3, 4) if x != q.groups])]
     if kind == "wipe":
         return ["wipe", w]
     if kind == "move":

@@ -81,9 +81,27 @@ def on_timer(timer: Any, ctx: Any) -> None:
     ctx.emit({"timer": timer.ts})
 
 
-def frame(records: list[Rec], slices: int, only: range) -> pd.DataFrame | None:
-    """The records of one group, as Spark hands them to the runtime (shuffled)."""
-    rows = []
+def frame(
+    records: list[Rec], slices: int, only: range, woken: tuple[int, ...] = ()
+) -> pd.DataFrame | None:
+    """The records of one group, as Spark hands them to the runtime (shuffled), with a
+    wake-up row (no data) for each slice of `woken` in the group (`processor.timer_source`)."""
+    rows = [
+        {
+            "stream": "",
+            "shard": "",
+            "sequence_number": "",
+            "subsequence": 0,
+            "partition_key": "",
+            "explicit_hash_key": None,
+            "arrival": datetime(1970, 1, 1, tzinfo=UTC),
+            "data": None,
+            "slice": s,
+            "stream_order": "",
+        }
+        for s in woken
+        if s in only
+    ]
     for r in records:
         s = route(r.key, None, slices)
         if s not in only:

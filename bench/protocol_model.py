@@ -27,7 +27,7 @@ from typing import Any
 
 from bench.protocol_app import FAR_MS, T0, Fold, Rec, Spec, frame, now_of, on_timer, process
 from bench.protocol_faults import Crash, before_first_commit, crash_point, stall_commit
-from changelog import aws, gc, resources, rollback
+from changelog import aws, gc, resources
 from changelog.durable import DurableState
 from changelog.errors import ChangelogError
 from changelog.layout import AppLocation, head_item
@@ -70,6 +70,7 @@ class Query:
     done: dict[int, tuple[list, dict]] = field(default_factory=dict)  # group -> outputs, pending
     dead: bool = False  # its driver stopped (a refusal it cannot get past)
     start_from: dict | None = None  # the record a COMMITTED start continued
+    woken: tuple[int, ...] = ()  # slices its first batch wakes for their timers
     before: dict[int, dict] = field(default_factory=dict)  # Spark's state before the last batch
 
 
@@ -136,7 +137,8 @@ class World:
     def attempt(self, q: Query, g: int, w: int) -> tuple[list, dict]:
         """One task attempt of group g of q's current batch on worker w."""
         only = group_slices(g, self.spec.slices, q.groups)
-        pdf = frame(self.input[q.cursor], self.spec.slices, only)
+        woken = q.woken if q.batch == 0 else ()
+        pdf = frame(self.input[q.cursor], self.spec.slices, only, woken)
         out, pending = self.runner(w).run(
             g, q.id, q.batch, pdf, dict(q.pending.get(g, {})), now_of(q.cursor)
         )
@@ -172,27 +174,43 @@ class World:
         qid = f"q{len(self.queries):07d}-{uuid.uuid4().hex}"
         if not self.queries:
             progress.register(self.loc, qid, 0, None)
-            self.queries.append(Query(qid, groups, 0))
+            self.queries.append(Query(qid, groups, 0, woken=self.wake()))
             return "ok"
         try:
             found, positions = progress.committed_start(self.loc)
         except REFUSALS as exc:
-            if "no recorded progress" not in str(exc):
+            if progress.latest(self.loc) is not None:
                 return self.refuse(exc)
-            # nothing completed yet: the operator starts over from the stream's start
+            # no batch completed, or the record was withdrawn by a roll-back to a batch
+            # without one: the operator starts where the state stands (AT_TIMESTAMP), saying
+            # that records may count again
             found, positions = None, {}
-        cursor = int(positions["s/shardId-0"]["after"]) + 1 if found else 0
+        if found is not None:
+            cursor = int(positions["s/shardId-0"]["after"]) + 1
+        else:
+            cursor = self.lineage[-1].index + 1 if self.lineage else 0
         start_from = {"query": found["query"], "batch": found["batch"]} if found else None
         more = {}
         if found is None and "recount" in inspect.signature(progress.register).parameters:
-            more["recount"] = True  # nothing was accepted: nothing can count again
+            more["recount"] = True
         try:
             fenced = progress.register(self.loc, qid, 0, start_from, **more)
         except REFUSALS as exc:
             return self.refuse(exc)
-        self.queries.append(Query(qid, groups, cursor, fenced=fenced, start_from=start_from))
+        self.queries.append(
+            Query(qid, groups, cursor, fenced=fenced, start_from=start_from, woken=self.wake())
+        )
         self.check_exact("committed_start")
         return "ok"
+
+    def wake(self) -> tuple[int, ...]:
+        """The slices a new checkpoint's first batch wakes (`processor.timer_source`, when
+        the product has it), fixed when the batch is planned."""
+        try:
+            from processor.timer_source import pending_slices
+        except ImportError:
+            return ()
+        return tuple(pending_slices(self.loc.table, self.spec.slices))
 
     def do_run(self, qi: int, g: int, w: int, crash: str | None = None) -> str:
         q = self.live(qi)
@@ -207,7 +225,7 @@ class World:
         except REFUSALS as exc:
             return self.refuse(exc)
         self.settle(q, g, outs, pending)
-        return "ok"
+        return "ok" if crash is None else "ok (nothing to commit: no crash point reached)"
 
     def do_twin(self, qi: int, g: int, w1: int, w2: int) -> str:
         """A speculative copy: w2's attempt runs whole while w1's waits at its commit."""
@@ -243,7 +261,7 @@ class World:
             return "skip"
         arrived, release = threading.Event(), threading.Event()
         self.zombie_result = []
-        query = Query(q.id, q.groups, q.cursor, q.batch, pending=dict(q.pending))
+        query = Query(q.id, q.groups, q.cursor, q.batch, pending=dict(q.pending), woken=q.woken)
 
         def body() -> None:
             try:
@@ -376,37 +394,35 @@ class World:
         return "ok"
 
     def do_rollback(self, back: int) -> str:
-        """Roll back to an accepted batch `back` batches before the newest, and make its
-        progress record the latest."""
+        """`state rollback --apply` to an accepted batch `back` batches before the newest
+        (its progress record becomes the latest)."""
         if back >= len(self.lineage) or not self.current(self.lineage[-1 - back]):
             return "skip"
         target = self.lineage[-1 - back]
-        try:
-            plan = rollback.plan(self.loc, target.query, target.batch)
-            rollback.apply(self.loc, plan)
-            found = progress.at_batch(self.loc, target.query, target.batch)
-            if found is None:
-                raise Violation("record_missing", f"no record of accepted {target}")
-            progress.set_latest(self.loc, found)
-        except REFUSALS as exc:
-            return self.refuse(exc)
-        del self.lineage[len(self.lineage) - back :]
-        self.check_exact("rollback")
-        return "ok"
+        return self.roll_back(target.query, target.batch, len(self.lineage) - back)
 
     def do_rollback_unrecorded(self, qi: int) -> str:
-        """Roll back to before query qi's first batch: a target with no progress record."""
+        """`state rollback --apply` to before query qi's first batch: a target without a
+        progress record."""
         if not 0 <= qi < len(self.queries):
             return "skip"
         qid = self.queries[qi].id
         keep = next((i for i, a in enumerate(self.lineage) if a.query == qid), None)
-        if keep is None:
+        if keep is None or not self.current(self.lineage[keep]):
             return "skip"
-        try:
-            rollback.apply(self.loc, rollback.plan(self.loc, qid, -1))
-        except REFUSALS as exc:
-            return self.refuse(exc)
+        return self.roll_back(qid, -1, keep)
+
+    def roll_back(self, query: str, batch: int, keep: int) -> str:
+        """The operator's roll-back (`--force`: while queries run); the lineage keeps its
+        first `keep` batches, and state must then be exactly their fold."""
+        code, err = state_tool(
+            ["state", "rollback", "--app", self.app, "--query", query, f"--batch={batch}",
+             "--apply", "--force", "--json"]
+        )  # fmt: skip
+        if code != 0:
+            return self.refuse(f"state rollback exit {code}: {err}")
         del self.lineage[keep:]
+        self.check_exact("rollback")
         return "ok"
 
     def do_gc(self, aged: bool = True) -> str:
