@@ -19,11 +19,12 @@ a delay, so kills land while the next batch runs):
 - request faults: the schedule's proxy rules are installed;
 - takeover: more events, and a second driver on a NEW checkpoint at `--starting-position
   COMMITTED` while the first runs (a blue/green deployment). The new query fences the old
-  one at its first batch; the old driver then fails at its next commit (QueryFencedError)
-  or progress record, or ends having drained the stream; one still running 60 s after
-  the new query's first batch is killed (the operator stops the old deployment). The new
-  query refuses to start when the old one recorded a batch after the new one read its
-  starting record ("is another query running on it?"): then, as the refusal says, the
+  one as it starts (`progress.committed_start`, before it undoes the old one's unrecorded
+  commits); the old driver then fails at its next commit (QueryFencedError) or progress
+  record, or ends having drained the stream; one still running 60 s after the new query's
+  first batch is killed (the operator stops the old deployment). Should the old query
+  still record a batch after the new one read its starting record, the new one refuses
+  at its first batch ("is another query running on it?"): then, as the refusal says, the
   harness stops the old driver and starts another NEW checkpoint at COMMITTED. Either way
   only the new checkpoint is restarted from then on;
 - regroup: kill -9 of the driver, then a NEW checkpoint at COMMITTED with another
