@@ -547,10 +547,17 @@ def _read_lines(spark: Any, path: str) -> list[str]:
 
 
 def checkpoint_offset(spark: Any, checkpoint: str, batch_id: int) -> dict[str, Any]:
-    """The (first) source's end offset of `batch_id`, from Spark's checkpoint, on any
-    Hadoop file system (local, s3a, hdfs)."""
-    lines = _read_lines(spark, f"{checkpoint.rstrip('/')}/offsets/{batch_id}")
-    return json.loads(lines[2])  # v1 / batch metadata / one offset per source
+    """The Kinesis source's end offset of `batch_id` (the one with a `run`), from Spark's
+    checkpoint, on any Hadoop file system (local, s3a, hdfs). The offset log holds one line
+    per source (`-` for none yet), in an order Spark does not promise."""
+    where = f"{checkpoint.rstrip('/')}/offsets/{batch_id}"
+    lines = _read_lines(spark, where)  # v1 / batch metadata / one offset per source
+    for line in lines[2:]:
+        if line.strip() not in ("", "-"):
+            offset = json.loads(line)
+            if isinstance(offset, dict) and "run" in offset:
+                return offset
+    raise ProcessorError(f"Spark's offset log {where} holds no Kinesis source offset")
 
 
 def checkpoint_layout(spark: Any, checkpoint: str) -> tuple[int | None, int] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -80,12 +81,15 @@ def kinesis(aws: local_aws.LocalAws):  # noqa: ANN201
 
 
 @pytest.fixture
-def make_stream(kinesis) -> Callable[[int], str]:  # noqa: ANN001
-    """Create a stream with n shards and wait until it is ACTIVE; return its name."""
+def make_stream(kinesis) -> Iterator[Callable[[int], str]]:  # noqa: ANN001
+    """Create a stream with n shards and wait until it is ACTIVE; return its name. The
+    streams are deleted after the test: the emulator allows 100 shards in all."""
+    made: list[str] = []
 
     def make(shards: int = 2) -> str:
         name = f"s-{uuid.uuid4().hex[:10]}"
         kinesis.create_stream(StreamName=name, ShardCount=shards)
+        made.append(name)
         for _ in range(200):
             if (
                 kinesis.describe_stream_summary(StreamName=name)["StreamDescriptionSummary"][
@@ -97,7 +101,10 @@ def make_stream(kinesis) -> Callable[[int], str]:  # noqa: ANN001
             time.sleep(0.05)
         raise TimeoutError(f"stream {name} not ACTIVE")
 
-    return make
+    yield make
+    for name in made:
+        with contextlib.suppress(Exception):  # a test may have deleted it already
+            kinesis.delete_stream(StreamName=name, EnforceConsumerDeletion=True)
 
 
 _IN_PROCESS_MOTO = """

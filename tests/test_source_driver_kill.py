@@ -55,9 +55,10 @@ def driver(cfg: JobConfig, out_dir: Path, log: Path) -> Driver:
 
 
 def source_offset(checkpoint: Path, batch: int) -> dict:
-    """The source's offset (`run`, `n`) in Spark's offset log for `batch`."""
+    """The Kinesis source's offset (`run`, `n`) in Spark's offset log for `batch` (the
+    timer source has a line too)."""
     lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()
-    return json.loads(lines[-1])
+    return next(o for o in map(json.loads, lines[2:]) if isinstance(o, dict) and "run" in o)
 
 
 def kill_mid_batch(first: Driver, checkpoint: Path, table: str) -> tuple[int, dict]:
