@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
 import random
 import socket
@@ -35,6 +36,7 @@ from botocore.exceptions import ClientError
 from changelog import aws, fence
 from changelog.errors import (
     CommitConflictError,
+    CommitTooLateError,
     CorruptObjectError,
     MissingObjectError,
     ThrottledError,
@@ -82,6 +84,11 @@ READ_THREADS = 8
 UNPROCESSED_ROUNDS = 10
 UNPROCESSED_PAUSE_S = 0.05  # the first pause is up to this long, then doubling, at most 2 s
 SEGMENT_CACHE_FILES = 64  # newest segments kept on local disk for other workers of the host
+# A commit refuses to reference uploads (its segment, the batch's snapshots) older than
+# this: gc beside a running job deletes unreferenced objects only past a grace at least
+# twice as long (`changelog.gc.RUNNING_GRACE_S`), so a stalled task cannot commit a
+# reference to an object gc has removed.
+COMMIT_DEADLINE_S = 1200.0
 
 
 @dataclass(frozen=True)
@@ -320,9 +327,12 @@ class DurableState:
         group: int,
         commits: list[SliceCommit],
         owner: str | None = None,
+        uploads_since: float | None = None,
     ) -> CommitResult:
         """Persist the changes of several slices; return the segment's uid, the heads as
-        written and the cost.
+        written and the cost. `uploads_since` (time.monotonic()) is when the batch's first
+        upload that the commit references began (its snapshots); the commit refuses to go
+        out past `COMMIT_DEADLINE_S` from then (CommitTooLateError).
 
         The segment is written first; the DynamoDB transaction then makes it part of the
         slices' committed history. If the transaction loses, the segment stays unreferenced.
@@ -336,6 +346,7 @@ class DurableState:
         info = {"app": self.loc.app, "query": query, "batch": batch, "group": group}
         body, refs = encode_segment(info, [(c.slice, c.version, c.changes) for c in commits])
         encoded = time.perf_counter()
+        deadline = min(time.monotonic(), uploads_since or math.inf) + COMMIT_DEADLINE_S
         self._s3.put_object(
             Bucket=self.loc.bucket, Key=segment_key(self.loc, batch, group, uid), Body=body
         )
@@ -370,7 +381,7 @@ class DurableState:
             )  # fmt: skip
         slices = [c.slice for c in commits]
         what = f"batch {batch}: commit of slices"
-        done = self._transact(items, slices, what, uid, query)
+        done = self._transact(items, slices, what, uid, query, deadline)
         return CommitResult(
             uid,
             len(body),
@@ -402,7 +413,13 @@ class DurableState:
             pass  # a cache: S3 has every segment
 
     def _transact(
-        self, items: list[dict], slices: list[int], what: str, uid: str, query: str | None = None
+        self,
+        items: list[dict],
+        slices: list[int],
+        what: str,
+        uid: str,
+        query: str | None = None,
+        deadline: float = math.inf,
     ) -> int:
         """Write `items` (one per slice of `slices`) in as few transactions as DynamoDB
         allows, sent at once (up to `TRANSACTION_THREADS`); returns how many. With `query`,
@@ -414,7 +431,7 @@ class DurableState:
         chunks = transaction_chunks([_item_bytes(next(iter(item.values()))) for item in items])
 
         def send(lo: int, hi: int) -> None:
-            self._send(items[lo:hi], slices[lo:hi], what, f"{uid}-{lo}", query)
+            self._send(items[lo:hi], slices[lo:hi], what, f"{uid}-{lo}", query, deadline)
 
         if len(chunks) == 1 or TRANSACTION_THREADS <= 1:
             for lo, hi in chunks:  # one at a time: the first failure stops the rest
@@ -429,7 +446,13 @@ class DurableState:
         return len(chunks)
 
     def _send(
-        self, items: list[dict], slices: list[int], what: str, token: str, query: str | None
+        self,
+        items: list[dict],
+        slices: list[int],
+        what: str,
+        token: str,
+        query: str | None,
+        deadline: float = math.inf,
     ) -> None:
         """One transaction; retried while it is cancelled only by another in flight or by
         throttling. Raises QueryFencedError when `query` is fenced, ThrottledError when
@@ -438,6 +461,12 @@ class DurableState:
         conflicts = throttles = 0
         while True:
             tries = conflicts + throttles
+            if time.monotonic() > deadline:
+                raise CommitTooLateError(
+                    f"{what} {slices}: its uploads are more than {COMMIT_DEADLINE_S:.0f} s old "
+                    "(a stalled task?); garbage collection beside the running job may have "
+                    "removed them, so nothing is committed and the attempt is retried"
+                )
             try:
                 self._commit_ddb.transact_write_items(
                     TransactItems=sent, ClientRequestToken=request_token(token, tries)

@@ -27,3 +27,8 @@ class MissingObjectError(ChangelogError):
 
 class ThrottledError(ChangelogError):
     """DynamoDB kept refusing part of a request for lack of capacity, past every retry."""
+
+
+class CommitTooLateError(ChangelogError):
+    """A commit would have referenced uploads older than its deadline, which garbage
+    collection beside a running job may already have removed; the attempt is retried."""

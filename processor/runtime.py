@@ -458,6 +458,7 @@ class GroupRunner:
                 metrics["restores"].append(restored.to_dict())
         lap("restore")
         snapshots: dict[int, Future] = {}
+        uploads_since = time.monotonic()  # the snapshots' uploads start from here
         for s, base, _ in plans:
             head = stores[s][1]
             if s in spans and snapshot_due(
@@ -510,7 +511,9 @@ class GroupRunner:
         )
         lap("snapshot_wait")
         try:
-            done = durable.commit(query, batch, group, commits, owner=cache.owner)
+            done = durable.commit(
+                query, batch, group, commits, owner=cache.owner, uploads_since=uploads_since
+            )
         except HeadConflictError as exc:
             if set(exc.slices) & set(known):
                 raise _StaleHeads(str(exc)) from exc

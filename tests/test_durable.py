@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import boto3
@@ -526,3 +527,21 @@ def test_the_pause_before_asking_again_grows_and_is_bounded():
         assert all(0 <= p <= bound for p in pauses)
         assert max(pauses) > bound / 2, (attempt, bound, max(pauses))
     assert durable_module.UNPROCESSED_PAUSE_S * 2**9 > 2.0  # the last rounds wait up to 2 s
+
+
+def test_a_commit_past_its_deadline_refuses_to_reference_its_uploads(location, monkeypatch):
+    """A task that stalls between its uploads and its commit must not reference objects
+    that gc beside the running job may have deleted meanwhile."""
+    from changelog import gc
+    from changelog.errors import CommitTooLateError
+
+    assert 2 * durable_module.COMMIT_DEADLINE_S <= gc.RUNNING_GRACE_S
+    durable = DurableState(location)
+    stalled_since = time.monotonic() - durable_module.COMMIT_DEADLINE_S - 1
+    with pytest.raises(CommitTooLateError, match="more than 1200 s old"):
+        durable.commit(
+            "q", 0, 0, [SliceCommit(2, 1, None, [kv(2, "a")])], uploads_since=stalled_since
+        )
+    assert durable.heads([2]) == {}
+    durable.commit("q", 0, 0, [SliceCommit(2, 1, None, [kv(2, "a")])])
+    assert durable.heads([2])[2].version == 1
