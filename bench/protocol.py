@@ -216,13 +216,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-timers", action="store_true", help="a handler without timers")
     parser.add_argument("--kinds", help=f"comma-separated step kinds (default all: {KINDS})")
     parser.add_argument("--without", help="comma-separated step kinds to leave out")
+    parser.add_argument("--ci", action="store_true", help="the CI slice's mix (CI_KINDS)")
     parser.add_argument("--budget-s", type=float, default=0, help="stop starting runs after")
     parser.add_argument("--shrink-s", type=float, default=120, help="per violation class")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--verbose", action="store_true", help="print each run's steps")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
-    kinds = tuple(args.kinds.split(",")) if args.kinds else KINDS
+    kinds = tuple(args.kinds.split(",")) if args.kinds else CI_KINDS if args.ci else KINDS
     if args.without:
         kinds = tuple(k for k in kinds if k not in args.without.split(","))
     unknown = set(kinds) - set(KINDS)
