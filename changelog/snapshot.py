@@ -246,6 +246,13 @@ def manifest_from(
             f"{where}: manifest of app {m.app!r} slice {m.slice} version {m.version}, expected "
             f"app {loc.app!r} slice {slice_id} version {version}; refusing a foreign snapshot"
         )
+    own = sst_key(loc, slice_id, "", "")[:-1]  # the slice's own SST prefix (no "-")
+    foreign = next((f.key for f in m.files if not f.key.startswith(own)), None)
+    if foreign is not None:
+        raise CorruptObjectError(
+            f"{where}: names the object {foreign!r}, outside the slice's own SST objects "
+            f"({own}...); refusing a forged or foreign snapshot"
+        )
     manifests.put(key, m)
     return m
 

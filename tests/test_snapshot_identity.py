@@ -139,6 +139,23 @@ def test_a_manifest_naming_a_file_rocksdb_would_not_write_is_refused(
     assert not (tmp_path / "escaped.sst").exists() and not (tmp_path / "restore").exists()
 
 
+@pytest.mark.parametrize("key", ["other-app/sst/slice-00005/x-000009.sst", "SLICE+1"])
+def test_a_manifest_naming_another_slices_or_applications_object_is_refused(
+    location, tmp_path, key
+):
+    """Nor can it make a restore read objects of another slice or application."""
+    a = open_store(location, tmp_path / "a")
+    a.commit(values("v1"), 1)
+    _, m, _ = write_snapshot(location, SLICE, 1, a.checkpoint(tmp_path / "ck"), None)
+    if key == "SLICE+1":
+        key = m.files[0].key.replace(f"slice-{SLICE:05d}", f"slice-{SLICE + 1:05d}")
+    forged = replace(m, files=(replace(m.files[0], key=key), *m.files[1:]))
+    where = f"{location.prefix}/snapshots/slice-{SLICE:05d}/v{1:012d}-forged.manifest"
+    boto3.client("s3").put_object(Bucket=location.bucket, Key=where, Body=encode_manifest(forged))
+    with pytest.raises(CorruptObjectError, match="outside the slice's own SST objects"):
+        read_manifest(location, where, slice_id=SLICE, version=1)
+
+
 def _share_on_name_and_size(loc, key, path, size, previous):
     """How snapshots shared files before issue 28: on name and size alone."""
     if previous is not None:
