@@ -20,7 +20,6 @@ did land (its answer lost) succeeds instead of failing its own condition.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
 import os
 import random
@@ -29,7 +28,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from botocore.exceptions import ClientError
 
@@ -62,12 +60,19 @@ from changelog.layout import (
 )
 from changelog.segment import decode_section, encode_segment
 from changelog.snapshot import get_bytes, missing
+from changelog.transactions import (
+    NOT_LOST,
+    HeadConflictError,
+    cancellation_reasons,
+    combined_failure,
+    item_bytes,
+    lost_message,
+    request_token,
+    transaction_chunks,
+)
 from changelog.transfer_process import TRANSFER_PROCESS_BYTES
 from state.store import Change
 
-# DynamoDB's limit of items per transaction is 100: 99 heads and the query's fence check
-_SLICES_PER_TRANSACTION = 99
-_TRANSACTION_BYTES = 3_500_000  # and its limit of 4 MB per transaction, with room to spare
 _CONFLICT_ATTEMPTS = 4  # a transaction cancelled only by another one in flight is retried
 # a transaction cancelled because DynamoDB throttled one of its items is retried after a
 # jittered, growing pause, this many times, then reported as throttled (not as lost)
@@ -118,14 +123,6 @@ class CommitResult:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-class HeadConflictError(CommitConflictError):
-    """A head was not the one the writer started from; `slices` are the ones that lost."""
-
-    def __init__(self, message: str, slices: list[int]) -> None:
-        super().__init__(message)
-        self.slices = slices
-
-
 def section_range(entry: LogEntry) -> str:
     """The HTTP byte range of `entry`'s section in its segment object."""
     return f"bytes={entry.offset}-{entry.offset + entry.length - 1}"
@@ -140,74 +137,10 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _item_bytes(item: dict[str, Any]) -> int:
-    """Roughly what a transaction item counts towards DynamoDB's 4 MB limit."""
-    total = 0
-    for part in (item.get("Item", {}), item.get("ExpressionAttributeValues", {})):
-        for name, value in part.items():
-            (raw,) = value.values()
-            total += len(name) + len(raw)
-    return total
-
-
-def _cancellation_reasons(exc: ClientError, n: int) -> list[str]:
-    """Why each item of a cancelled transaction failed ("None": it did not)."""
-    found = [r.get("Code") or "None" for r in exc.response.get("CancellationReasons") or []]
-    return found if len(found) == n else ["Unknown"] * n
-
-
-def transaction_chunks(sizes: list[int]) -> list[tuple[int, int]]:
-    """Split items of `sizes` bytes, in order, into the [lo, hi) ranges of as few DynamoDB
-    transactions as its limits allow (100 items, 4 MB with room to spare)."""
-    chunks: list[tuple[int, int]] = []
-    lo, size = 0, 0
-    for i, n in enumerate(sizes):
-        if i > lo and (i - lo == _SLICES_PER_TRANSACTION or size + n > _TRANSACTION_BYTES):
-            chunks.append((lo, i))
-            lo, size = i, 0
-        size += n
-    chunks.append((lo, len(sizes)))
-    return chunks
-
-
 def _unprocessed_pause_s(attempt: int) -> float:
     """The pause before asking again for keys a BatchGetItem left unprocessed: full jitter
     up to UNPROCESSED_PAUSE_S, doubling with each `attempt` (1, 2, ...), at most 2 s."""
     return random.uniform(0, min(2.0, UNPROCESSED_PAUSE_S * 2 ** (attempt - 1)))
-
-
-def request_token(name: str, attempt: int) -> str:
-    """The ClientRequestToken of one send of a transaction: the same for the SDK's own
-    retries of that send (an answer lost after the write landed then returns success),
-    different for each of our attempts after a cancellation."""
-    return hashlib.sha256(f"{name}/{attempt}".encode()).hexdigest()[:36]
-
-
-# cancellation reasons of a head item that did not lose it to another writer
-_NOT_LOST = frozenset({"None", "TransactionConflict", "ThrottlingError"})
-
-
-def _lost_message(what: str, lost: list[int]) -> str:
-    return (
-        f"{what} {lost} lost to another writer (a retried, speculative, zombie or newer "
-        "attempt, or a new owner); this attempt's output is discarded"
-    )
-
-
-def _combined_failure(failures: list[BaseException], sent: int, what: str) -> BaseException:
-    """What a commit whose transactions went out together raises when some failed: an
-    error other than a lost head first (it says more), else one HeadConflictError naming
-    every slice that lost. The transactions that did not fail have landed."""
-    lost = sorted(s for e in failures if isinstance(e, HeadConflictError) for s in e.slices)
-    landed = f"{sent - len(failures)} of its {sent} transactions landed"
-    other = next((e for e in failures if not isinstance(e, HeadConflictError)), None)
-    if other is not None:
-        also = f"; slices {lost} lost to another writer" if lost else ""
-        other.add_note(f"{what}: {landed}{also}")
-        return other
-    merged = HeadConflictError(f"{_lost_message(what, lost)} ({landed})", lost)
-    merged.__cause__ = failures[0].__cause__
-    return merged
 
 
 class DurableState:
@@ -428,7 +361,7 @@ class DurableState:
         cancelled only because another transaction held an item, or because DynamoDB
         throttled it, is retried. The others land or lose on their own: each head's
         condition is its own."""
-        chunks = transaction_chunks([_item_bytes(next(iter(item.values()))) for item in items])
+        chunks = transaction_chunks([item_bytes(next(iter(item.values()))) for item in items])
 
         def send(lo: int, hi: int) -> None:
             self._send(items[lo:hi], slices[lo:hi], what, f"{uid}-{lo}", query, deadline)
@@ -442,7 +375,7 @@ class DurableState:
             futures = [pool.submit(send, lo, hi) for lo, hi in chunks]
         failures = [e for e in (f.exception() for f in futures) if e is not None]
         if failures:
-            raise _combined_failure(failures, len(chunks), what)
+            raise combined_failure(failures, len(chunks), what)
         return len(chunks)
 
     def _send(
@@ -475,11 +408,11 @@ class DurableState:
             except ClientError as exc:
                 if exc.response["Error"]["Code"] != "TransactionCanceledException":
                     raise
-                reasons = _cancellation_reasons(exc, len(sent))
+                reasons = cancellation_reasons(exc, len(sent))
                 if query is not None and reasons[-1] == "ConditionalCheckFailed":
                     raise fence.fenced_error(self.loc, query, f"{what} {slices}") from exc
                 heads = reasons[: len(items)]
-                lost = [s for s, r in zip(slices, heads, strict=True) if r not in _NOT_LOST]
+                lost = [s for s, r in zip(slices, heads, strict=True) if r not in NOT_LOST]
                 if not lost and "ThrottlingError" in reasons:
                     throttles += 1
                     if throttles < _THROTTLED_ATTEMPTS:
@@ -497,7 +430,7 @@ class DurableState:
                         time.sleep(random.uniform(0.01, 0.05) * 2**conflicts)
                         continue
                 lost = lost or slices
-                raise HeadConflictError(_lost_message(what, lost), lost) from exc
+                raise HeadConflictError(lost_message(what, lost), lost) from exc
 
     def install(self, slice_id: int, version: int, snapshot: SnapRef, query: str) -> None:
         """Start a slice's history from a snapshot (a new state generation, written by a

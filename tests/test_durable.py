@@ -445,17 +445,17 @@ def test_with_one_transaction_at_a_time_the_first_loss_stops_the_rest(wide, monk
 
 
 def test_a_commit_failing_two_ways_raises_the_unexpected_error_and_notes_the_losers():
-    from changelog.durable import _combined_failure
+    from changelog.transactions import combined_failure
 
     throttled = ClientError({"Error": {"Code": "ThrottlingException"}}, "TransactWriteItems")
     lost = HeadConflictError("slices [3] lost", [3])
-    raised = _combined_failure([lost, throttled], 3, "batch 9: commit of slices")
+    raised = combined_failure([lost, throttled], 3, "batch 9: commit of slices")
     assert raised is throttled
     assert raised.__notes__ == [
         "batch 9: commit of slices: 1 of its 3 transactions landed; slices [3] lost to "
         "another writer"
     ]
-    both = _combined_failure([HeadConflictError("x", [120, 4]), lost], 3, "claim of slices")
+    both = combined_failure([HeadConflictError("x", [120, 4]), lost], 3, "claim of slices")
     assert isinstance(both, HeadConflictError) and both.slices == [3, 4, 120]
     assert str(both).startswith("claim of slices [3, 4, 120] lost to another writer")
     assert str(both).endswith("(1 of its 3 transactions landed)")
