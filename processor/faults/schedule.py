@@ -13,7 +13,9 @@ faults of a (seed, index) are the same with or without it), and 30% of schedules
 `gc_running`:
 
 - takeover: a second driver on a NEW checkpoint at `--starting-position COMMITTED` while the
-  first runs; the first is fenced and never restarted again;
+  first runs (these schedules put 2,000 to 3,000 more events in the stream first, so that
+  the first query still has work when the second starts); the first is fenced and never
+  restarted again;
 - regroup: the driver killed, a NEW checkpoint at COMMITTED with another `--groups`;
 - rollback: the driver killed, `shardless state rollback --apply` to an earlier batch that
   has a progress record, a NEW checkpoint at COMMITTED;
@@ -222,7 +224,12 @@ def with_operator_action(schedule: Schedule) -> Schedule:
     ]
     if kind != GC_RUNNING and rng.random() < 0.3:
         ops.append(Fault(GC_RUNNING, rng.randint(0, 3), rng.uniform(0.2, 2.0)))
-    return replace(schedule, faults=_order([*schedule.faults, *ops]))
+    events = schedule.events
+    if kind == TAKEOVER:
+        # a backlog the first query is still working through when the second one starts
+        # (a driver takes 30 to 90 s to start): the takeover then overlaps a running query
+        events += rng.randint(2000, 3000)
+    return replace(schedule, events=events, faults=_order([*schedule.faults, *ops]))
 
 
 def with_stall(schedule: Schedule) -> Schedule:
