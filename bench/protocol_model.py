@@ -609,7 +609,10 @@ class World:
         outs = []
         for g in range(q.groups):
             runner = self.runner(worker)
-            out, _ = runner.run(g, q.id, q.batch, None, dict(q.pending.get(g, {})), T0 + FAR_MS)
+            only = group_slices(g, self.spec.slices, q.groups)
+            woken = q.woken if q.batch == 0 else ()  # no input left: this is its first batch
+            pdf = frame([], self.spec.slices, only, woken)
+            out, _ = runner.run(g, q.id, q.batch, pdf, dict(q.pending.get(g, {})), T0 + FAR_MS)
             rows = out[out.kind == "out"]
             outs += list(zip(rows.key.tolist(), rows.value.tolist(), strict=True))
         state = self.durable()
