@@ -1,6 +1,8 @@
-"""Which queries may no longer commit an application's state: one small DynamoDB item.
+"""Which queries may no longer commit an application's state, and in which order queries
+took it over: one small DynamoDB item.
 
     pk="app"  sk="fence"   fenced: string set of query ids
+                           lineage: list of query ids, in the order they began on the state
 
 A query is fenced when another query takes the state over (a COMMITTED start, or a new
 checkpoint allowed to count records again) or when the state is rolled back behind it.
@@ -54,6 +56,37 @@ def fenced(loc: AppLocation) -> set[str]:
         .get("Item")
     )
     return set(item.get("fenced", {}).get("SS", [])) if item else set()
+
+
+def join(loc: AppLocation, query: str) -> None:
+    """Append `query` to the application's lineage (once): it begins work on the state, so
+    every commit it makes comes after those of the queries before it."""
+    try:
+        aws.client("dynamodb").update_item(
+            TableName=loc.table,
+            Key=_key(),
+            UpdateExpression="SET #l = list_append(if_not_exists(#l, :none), :q)",
+            ConditionExpression="attribute_not_exists(#l) OR NOT contains(#l, :me)",
+            ExpressionAttributeNames={"#l": "lineage"},
+            ExpressionAttributeValues={
+                ":none": {"L": []},
+                ":q": {"L": [{"S": query}]},
+                ":me": {"S": query},
+            },
+        )
+    except aws.client("dynamodb").exceptions.ConditionalCheckFailedException:
+        pass  # joined already
+
+
+def lineage(loc: AppLocation) -> list[str]:
+    """The queries that began on the application's state, oldest first ([] for state
+    written before the lineage was kept)."""
+    item = (
+        aws.client("dynamodb")
+        .get_item(TableName=loc.table, Key=_key(), ConsistentRead=True)
+        .get("Item")
+    )
+    return [q["S"] for q in item.get("lineage", {}).get("L", [])] if item else []
 
 
 def check_item(loc: AppLocation, query: str) -> dict[str, Any]:

@@ -48,21 +48,22 @@ class RollbackPlan:
         }
 
 
-def target(head: Head, tag: str, batch: int) -> int:
+def target(head: Head, tag: str, batch: int, later: frozenset[str] = frozenset()) -> int:
     """The version of `head` after query `tag`'s batch `batch` (see module docstring).
 
     The slice's retained history (log entries and snapshots, which record the query and
     batch that committed their version) says where the cut falls: just before the first
-    version `tag` committed in a later batch, or, when it has none, at the last version it
-    committed (commits of later queries after it roll back too). A slice whose retained
-    history holds nothing of `tag` stays where it is. Raises RollbackError when the cut
-    falls before what is retained.
+    version `tag` committed in a later batch or a query of `later` (the tags of the queries
+    that began on the state after `tag`) committed, or, when there is none, at the last
+    version `tag` committed (commits after it roll back too). A slice whose retained
+    history holds nothing of `tag` or of `later` stays where it is. Raises RollbackError
+    when the cut falls before what is retained.
     """
     hist = sorted(
         {(e.version, e.query, e.batch) for e in head.log}
         | {(x.version, x.query, x.batch) for x in head.snaps if x.query}
     )
-    too_new = [v for v, q, b in hist if q == tag and b > batch]
+    too_new = [v for v, q, b in hist if (q == tag and b > batch) or q in later]
     mine = [v for v, q, b in hist if q == tag]
     if too_new:
         version = min(too_new) - 1
@@ -84,15 +85,23 @@ def target(head: Head, tag: str, batch: int) -> int:
     return version
 
 
+def later_tags(loc: AppLocation, tag: str) -> frozenset[str]:
+    """The tags of the queries that began on the state after query `tag` (its lineage);
+    empty when the lineage does not hold `tag`."""
+    tags = [query_tag(q) for q in fence.lineage(loc)]
+    return frozenset(tags[tags.index(tag) + 1 :]) - {tag} if tag in tags else frozenset()
+
+
 def plan(loc: AppLocation, query: str, batch: int) -> RollbackPlan:
     slices = resources.app_slices(loc)
     tag = query_tag(query)
+    later = later_tags(loc, tag)
     heads = DurableState(loc).heads(list(range(slices)))
     out = RollbackPlan(query, batch)
     for s, head in sorted(heads.items()):
         if not head.committed:
             continue
-        to = target(head, tag, batch)
+        to = target(head, tag, batch, later)
         if to != head.version:
             out.moves[s] = (head.version, to)
     return out

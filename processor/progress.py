@@ -287,6 +287,7 @@ def register(
                     "application has no progress record any more"
                 )
             try:
+                fence.join(loc, query)  # before it commits anything
                 ddb.put_item(
                     TableName=loc.table,
                     Item={**_key(LATEST_SK), "started": {"SS": [query]}},
@@ -338,6 +339,7 @@ def register(
         names = {"#st": "started"}
         values: dict[str, Any] = {":me": {"SS": [query]}}
         update = "ADD #st :me"
+        fence.join(loc, query)  # before it commits anything
         if others:
             fence.fence(loc, others)  # before `query` is registered, so before it commits
             update += ", #f :others"

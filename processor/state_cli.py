@@ -172,7 +172,9 @@ def _get(args: argparse.Namespace) -> int:
     s = args.slice_id if args.slice_id is not None else route(args.key, None, slices)
     if not 0 <= s < slices:
         raise StateQueryError(f"--slice {s}: the application has slices 0..{slices - 1}")
-    version = targets(heads, [s], version=args.version, batch=args.batch, query=args.query)[s]
+    version = targets(
+        heads, [s], version=args.version, batch=args.batch, query=args.query, loc=loc
+    )[s]
     with opened(DurableState(loc), heads.get(s), slices, version) as store:
         found = list(entries(store, s, key=args.key, allow_pickle=args.allow_pickle))
     value = next((e.value for e in found if e.sub is None), None)
@@ -200,7 +202,9 @@ def _scan(args: argparse.Namespace) -> int:
         raise StateQueryError("give --key-prefix or a range (--start/--stop), not both")
     loc, slices, heads = _open_app(args)
     wanted = parse_slices(args.slice, slices)
-    versions = targets(heads, wanted, version=args.version, batch=args.batch, query=args.query)
+    versions = targets(
+        heads, wanted, version=args.version, batch=args.batch, query=args.query, loc=loc
+    )
     durable = DurableState(loc)
     out: list[dict[str, Any]] = []
     truncated = False
@@ -235,7 +239,9 @@ def _scan(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     loc, slices, heads = _open_app(args)
     wanted = parse_slices(args.slice, slices)
-    versions = targets(heads, wanted, version=args.version, batch=args.batch, query=args.query)
+    versions = targets(
+        heads, wanted, version=args.version, batch=args.batch, query=args.query, loc=loc
+    )
     out = Path(args.out)
     if args.format == "parquet" and out.exists() and any(out.iterdir()):
         raise StateQueryError(f"--out {out}: the directory is not empty")
@@ -264,7 +270,9 @@ def _restore(args: argparse.Namespace) -> int:
     loc, slices, heads = _open_app(args)
     s = parse_slices(str(args.slice_id), slices)[0]
     head = heads.get(s)
-    version = targets(heads, [s], version=args.version, batch=args.batch, query=args.query)[s]
+    version = targets(
+        heads, [s], version=args.version, batch=args.batch, query=args.query, loc=loc
+    )[s]
     dest = Path(args.dest)
     if dest.exists() and any(dest.iterdir()):
         raise StateQueryError(f"--dest {dest}: the directory is not empty")

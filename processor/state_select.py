@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from changelog import rollback
 from changelog.inspect import StateQueryError
-from changelog.layout import Head, query_tag
+from changelog.layout import AppLocation, Head, query_tag
 
 
 def parse_slices(spec: str | None, slices: int) -> list[int]:
@@ -43,9 +43,11 @@ def targets(
     version: int | None = None,
     batch: int | None = None,
     query: str | None = None,
+    loc: AppLocation | None = None,
 ) -> dict[int, int]:
     """The version to read of each wanted slice: the head's, `version` (one slice only),
-    or every slice as it stood after `batch` of `query` (default: the newest query)."""
+    or every slice as it stood after `batch` of `query` (default: the newest query); with
+    `loc`, the commits of queries that began on the state after it are cut too."""
     if version is not None and batch is not None:
         raise StateQueryError("give --version (one slice) or --batch (every slice), not both")
     if version is not None:
@@ -58,11 +60,12 @@ def targets(
     if batch is None:
         return {s: heads[s].version if s in heads else 0 for s in wanted}
     tag = query_tag(query or latest_query(heads))
+    later = rollback.later_tags(loc, tag) if loc is not None else frozenset()
     out = {}
     for s in wanted:
         h = heads.get(s)
         try:
-            out[s] = rollback.target(h, tag, batch) if h is not None and h.committed else 0
+            out[s] = rollback.target(h, tag, batch, later) if h is not None and h.committed else 0
         except rollback.RollbackError as exc:
             raise StateQueryError(str(exc)) from exc
     return out

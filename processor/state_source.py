@@ -67,6 +67,7 @@ class StateReader(DataSourceReader):
             wanted,
             batch=int(batch) if batch is not None else None,
             query=options.get("query"),
+            loc=self.loc,
         )
         self.work = [(s, heads.get(s), versions[s]) for s in wanted if versions[s] > 0]
         self.per_partition = max(1, int(options.get("slicesPerPartition", "8")))

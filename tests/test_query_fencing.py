@@ -261,3 +261,25 @@ def test_a_committed_start_fences_the_running_query_before_its_first_batch(locat
     progress.register(location, "new-query", 0, {"query": "old-query", "batch": 0})
     new.run(0, "new-query", 0, frame(B1, 100))
     assert durable_counts(location) == fold(B0, B1)
+
+
+def test_a_rollback_cuts_later_queries_commits_on_slices_the_target_query_never_wrote(
+    location, tmp_path
+):
+    """Query one wrote only user-1's slice; query two, continuing it, wrote other slices.
+    Rolled back to query one's batch 0, those commits must go too (found by bench.protocol:
+    a slice without query one's history stayed where it was)."""
+    from processor.state_select import targets
+
+    r1, r2 = runner(location, tmp_path / "one"), runner(location, tmp_path / "two")
+    progress.register(location, "query-one", 0, None)
+    r1.run(0, "query-one", 0, frame(["user-1"]))
+    progress.record(location, a_record("query-one", 0))
+    progress.register(location, "query-two", 0, {"query": "query-one", "batch": 0})
+    r2.run(0, "query-two", 0, frame(B1, 100))
+    progress.record(location, a_record("query-two", 0))
+    heads = DurableState(location).heads(list(range(16)))
+    cut = targets(heads, list(range(16)), batch=0, query="query-one", loc=location)
+    assert sum(cut.values()) == 1  # user-1's slice at v1, every other slice at v0
+    rollback.apply(location, rollback.plan(location, "query-one", 0))
+    assert durable_counts(location) == fold(["user-1"])
