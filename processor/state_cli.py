@@ -401,6 +401,9 @@ def _reslice(args: argparse.Namespace) -> int:
         _print(args, data, lines)
         return 0
     _refuse_if_running(args, loc, heads)
+    # Commits past the latest progress record are of batches that never completed: a
+    # COMMITTED start would undo them; the new generation must not carry them over.
+    _, data["undone_slices"] = progress.undo_uncommitted(loc)
     started = time.perf_counter()
     with _bar(args, "re-slicing", slices) as bar:
         report = reslice.reslice(

@@ -80,3 +80,18 @@ def test_the_oracle_catches_an_unconditional_commit(aws, monkeypatch):
     monkeypatch.setattr(changelog.durable, "head_condition", lambda head: {})
     found = run_once(1, 0, settings(), steps).violation
     assert found is not None, "the zombie's stale commit went unnoticed"
+
+
+@pytest.mark.parametrize(
+    "seed, run, steps",
+    [
+        # a roll-back kept a later query's commits on slices its target never wrote
+        (28, 4, [["start", 2], ["run", 0, 0, 1], ["run", 0, 1, 1], ["record", 0],
+                 ["start", 4], ["run", 1, 2, 0], ["restore", 0, 4]]),
+        # reslice carried a batch that never recorded its progress into the new generation
+        (5, 6, [["start", 3], ["run", 0, 2, 1], ["reslice", 4]]),
+    ],
+)  # fmt: skip
+def test_the_violations_bench_protocol_found_replay_clean(aws, seed, run, steps):
+    s = Settings(spec=Spec(timers=True), max_steps=30, kinds=protocol.KINDS)
+    assert run_once(seed, run, s, steps).violation is None
