@@ -32,7 +32,7 @@ from changelog.durable import DurableState
 from changelog.errors import ChangelogError
 from changelog.layout import AppLocation, head_item
 from changelog.restore import RestoreJob, identity, restore_many
-from processor import progress, state_cli
+from processor import progress, state_cli, takeover
 from processor.errors import ProcessorError
 from processor.grouping import group_slices
 from processor.handlers import HandlerFactory
@@ -173,11 +173,11 @@ class World:
         """A new checkpoint: the first query, else one started with COMMITTED."""
         qid = f"q{len(self.queries):07d}-{uuid.uuid4().hex}"
         if not self.queries:
-            progress.register(self.loc, qid, 0, None)
+            takeover.register(self.loc, qid, 0, None)
             self.queries.append(Query(qid, groups, 0, woken=self.wake()))
             return "ok"
         try:
-            found, positions = progress.committed_start(self.loc)
+            found, positions = takeover.committed_start(self.loc)
         except REFUSALS as exc:
             if progress.latest(self.loc) is not None:
                 return self.refuse(exc)
@@ -191,10 +191,10 @@ class World:
             cursor = self.lineage[-1].index + 1 if self.lineage else 0
         start_from = {"query": found["query"], "batch": found["batch"]} if found else None
         more = {}
-        if found is None and "recount" in inspect.signature(progress.register).parameters:
+        if found is None and "recount" in inspect.signature(takeover.register).parameters:
             more["recount"] = True
         try:
-            fenced = progress.register(self.loc, qid, 0, start_from, **more)
+            fenced = takeover.register(self.loc, qid, 0, start_from, **more)
         except REFUSALS as exc:
             return self.refuse(exc)
         self.queries.append(
@@ -370,7 +370,7 @@ class World:
         if groups is not None:
             q.groups, q.pending = groups, {}
         try:
-            progress.register(self.loc, q.id, q.batch, q.start_from if q.batch == 0 else None)
+            takeover.register(self.loc, q.id, q.batch, q.start_from if q.batch == 0 else None)
         except REFUSALS as exc:
             q.dead = True
             return self.refuse(exc)

@@ -136,7 +136,7 @@ def source_run(
     spark: Any, stream: str, table: str, checkpoint: str, max_records: int
 ) -> dict[str, Any]:
     """Count the stream through the source in an availableNow query."""
-    from processor import progress
+    from processor import recorder
     from processor.kinesis.batch_log import BatchLog
 
     counts: list[int] = []
@@ -174,7 +174,7 @@ def source_run(
     for p in batches:
         for name, ms in p["durationMs"].items():
             phases[name] = phases.get(name, 0) + ms / 1000
-        offset = progress.checkpoint_offset(spark, checkpoint, p["batchId"])
+        offset = recorder.checkpoint_offset(spark, checkpoint, p["batchId"])
         for end in log.ends(offset["run"], int(offset["n"])).values():
             read_ms += end.get("read_ms", 0)
             calls += end.get("calls", 0)

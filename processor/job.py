@@ -56,7 +56,7 @@ def prepare(cfg: JobConfig, spark: SparkSession | None = None) -> None:
     checkpoint that already planned a batch is resumed as it is (`spark` lets remote
     checkpoints be seen; without it only local paths are).
     """
-    from processor import progress
+    from processor import recorder, takeover
     from processor.kinesis.client import kinesis_client
     from processor.kinesis.positions import is_committed
 
@@ -80,18 +80,18 @@ def prepare(cfg: JobConfig, spark: SparkSession | None = None) -> None:
     if not (
         is_committed(cfg.starting_position)
         or cfg.allow_recount
-        or progress.checkpoint_started(spark, cfg.checkpoint)
+        or recorder.checkpoint_started(spark, cfg.checkpoint)
     ):
-        progress.check_new_start(cfg.location, tuple(cfg.streams))
+        takeover.check_new_start(cfg.location, tuple(cfg.streams))
     if is_committed(cfg.starting_position):
-        if progress.checkpoint_started(spark, cfg.checkpoint):
+        if recorder.checkpoint_started(spark, cfg.checkpoint):
             log.info(
                 "checkpoint %s has batches: resuming it (--starting-position COMMITTED applies "
                 "to a new checkpoint only)",
                 cfg.checkpoint,
             )
         else:
-            found, _ = progress.committed_start(cfg.location)
+            found, _ = takeover.committed_start(cfg.location)
             log.info(
                 "application %r continues from query %s's batch %s (%d shard positions)",
                 cfg.app,
@@ -159,10 +159,10 @@ def outputs(
     Spark calls per group, built as `runner(handlers, RuntimeConfig)` (a benchmark swaps in
     one that does no state work).
     """
-    from processor import progress
+    from processor import recorder
 
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
-    layout = progress.checkpoint_layout(spark, cfg.checkpoint)
+    layout = recorder.checkpoint_layout(spark, cfg.checkpoint)
     fixed_by_checkpoint = layout[0] if layout is not None else None
     if fixed_by_checkpoint is not None and fixed_by_checkpoint != partitions:
         log.warning(
@@ -310,7 +310,7 @@ def start(
     """Start the query. Each batch's outputs go to `sink` once the state is committed; then
     the batch's source positions are recorded as the application's progress
     (`processor.progress`), which `--starting-position COMMITTED` continues from."""
-    from processor.progress import Recorder
+    from processor.recorder import Recorder
 
     prepare(cfg, spark)
     recorder = Recorder(spark, cfg.location, cfg.checkpoint, cfg.allow_recount, tuple(cfg.streams))

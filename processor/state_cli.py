@@ -31,7 +31,7 @@ from changelog.errors import ChangelogError
 from changelog.inspect import StateQueryError, entries, jsonable, keys_of, opened
 from changelog.layout import AppLocation, Head
 from changelog.restore import materialize
-from processor import progress, state_export
+from processor import progress, state_export, takeover
 from processor.errors import ProcessorError
 from processor.progress_bar import Bar
 from processor.routing import route
@@ -342,7 +342,7 @@ def _rollback(args: argparse.Namespace) -> int:
     if args.apply:
         _refuse_if_running(args, loc, heads)
         data["moved"] = rollback.apply(loc, plan)
-        progress.after_rollback(loc, query, args.batch)  # and every old checkpoint is fenced
+        takeover.after_rollback(loc, query, args.batch)  # and every old checkpoint is fenced
         if positions is not None:
             lines.append(
                 f"rolled back {data['moved']} slices; start the job on a NEW checkpoint with "
@@ -403,7 +403,7 @@ def _reslice(args: argparse.Namespace) -> int:
     _refuse_if_running(args, loc, heads)
     # Commits past the latest progress record are of batches that never completed: a
     # COMMITTED start would undo them; the new generation must not carry them over.
-    _, data["undone_slices"] = progress.undo_uncommitted(loc)
+    _, data["undone_slices"] = takeover.undo_uncommitted(loc)
     started = time.perf_counter()
     with _bar(args, "re-slicing", slices) as bar:
         report = reslice.reslice(

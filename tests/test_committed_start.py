@@ -20,7 +20,7 @@ import pytest
 from changelog import resources
 from changelog.durable import DurableState, SliceCommit
 from changelog.layout import AppLocation
-from processor import demo, progress
+from processor import demo, progress, takeover
 from processor.app import load_handler
 from processor.config import JobConfig
 from processor.errors import ConfigError, ProcessorError
@@ -68,7 +68,7 @@ def test_a_record_is_self_contained_and_can_be_made_another_applications_latest(
     b = AppLocation.default(f"t-{uuid.uuid4().hex[:10]}")
     for loc in (a, b):
         resources.ensure(loc, 16)
-    assert progress.register(a, "query-one", 0, None) == []
+    assert takeover.register(a, "query-one", 0, None) == []
     progress.record(a, a_record("query-one", 0))
     progress.record(a, a_record("query-one", 1))
     found = progress.latest(a)
@@ -82,44 +82,44 @@ def test_a_record_is_self_contained_and_can_be_made_another_applications_latest(
     copied = progress.latest(b)
     assert copied["positions"] == POSITIONS and copied["batch"] == 1
     assert copied["fenced"] == ["query-one"]  # its checkpoint never worked on `b`
-    _, positions = progress.committed_start(b)
+    _, positions = takeover.committed_start(b)
     assert positions == POSITIONS
 
 
 def test_no_progress_means_committed_cannot_start(location):
     with pytest.raises(ConfigError, match="has no recorded progress"):
-        progress.committed_start(location)
+        takeover.committed_start(location)
 
 
 def test_fencing_refuses_stale_checkpoints_and_a_taken_over_query(location):
     loc = location
-    progress.register(loc, "old", 0, None)
+    takeover.register(loc, "old", 0, None)
     progress.record(loc, a_record("old", 3))
-    assert progress.register(loc, "old", 4, None) == []  # its own checkpoint resumes
+    assert takeover.register(loc, "old", 4, None) == []  # its own checkpoint resumes
     # a new query at COMMITTED from (old, 3) fences `old`
-    assert progress.register(loc, "new", 0, {"query": "old", "batch": 3}) == ["old"]
+    assert takeover.register(loc, "new", 0, {"query": "old", "batch": 3}) == ["old"]
     with pytest.raises(ProcessorError, match="may no longer work on application"):
-        progress.register(loc, "old", 4, None)
+        takeover.register(loc, "old", 4, None)
     with pytest.raises(ProcessorError, match="this query was fenced"):
         progress.record(loc, a_record("old", 4))
     progress.record(loc, a_record("new", 0, fenced=["old"]))
     assert progress.latest(loc)["fenced"] == ["old"]  # carried forward by the new query
     # another checkpoint that ran before resumes: stale
     with pytest.raises(ProcessorError, match="this checkpoint is stale"):
-        progress.register(loc, "third", 9, None)
+        takeover.register(loc, "third", 9, None)
     # a COMMITTED start from a record that moved on meanwhile is refused
     with pytest.raises(ProcessorError, match="is another query running on it"):
-        progress.register(loc, "fourth", 0, {"query": "old", "batch": 3})
+        takeover.register(loc, "fourth", 0, {"query": "old", "batch": 3})
     # a rolled-back application fences the query whose record it now stands at
     progress.set_latest(loc, progress.at_batch(loc, "new", 0))
     with pytest.raises(ProcessorError, match="rolled back behind it"):
-        progress.register(loc, "new", 1, None)
+        takeover.register(loc, "new", 1, None)
 
 
 def test_undo_rolls_back_commits_past_the_progress_and_of_queries_without_any(location):
     loc = location
     slices = list(range(6))
-    progress.register(loc, "q-one-aaaa", 0, None)
+    takeover.register(loc, "q-one-aaaa", 0, None)
     commit(loc, "q-one-aaaa", 0, slices)
     progress.record(loc, a_record("q-one-aaaa", 0))
     commit(loc, "q-one-aaaa", 1, [0, 1, 2])
@@ -127,26 +127,26 @@ def test_undo_rolls_back_commits_past_the_progress_and_of_queries_without_any(lo
     commit(loc, "q-one-aaaa", 2, [1, 2])  # the driver dies before recording batch 2
     before = versions(loc, slices)
     assert before == {0: 2, 1: 3, 2: 3, 3: 1, 4: 1, 5: 1}
-    found, moved = progress.undo_uncommitted(loc)
+    found, moved = takeover.undo_uncommitted(loc)
     assert (found["batch"], moved) == (1, 2)
     assert versions(loc, slices) == {0: 2, 1: 2, 2: 2, 3: 1, 4: 1, 5: 1}
-    assert progress.undo_uncommitted(loc)[1] == 0  # idempotent
+    assert takeover.undo_uncommitted(loc)[1] == 0  # idempotent
 
     # a COMMITTED query registers, commits batch 0 on some slices, and dies unrecorded
-    progress.register(loc, "q-two-bbbb", 0, {"query": "q-one-aaaa", "batch": 1})
+    takeover.register(loc, "q-two-bbbb", 0, {"query": "q-one-aaaa", "batch": 1})
     commit(loc, "q-two-bbbb", 0, [3, 4])
     commit(loc, "q-two-bbbb", 1, [4])
-    found, moved = progress.undo_uncommitted(loc)
+    found, moved = takeover.undo_uncommitted(loc)
     assert (found["query"], moved) == ("q-one-aaaa", 2)
     assert versions(loc, slices) == {0: 2, 1: 2, 2: 2, 3: 1, 4: 1, 5: 1}
 
 
 def test_the_first_query_leaves_a_placeholder_so_its_first_batch_can_be_undone(location):
-    progress.register(location, "first-qq", 0, None)
+    takeover.register(location, "first-qq", 0, None)
     commit(location, "first-qq", 0, [0, 1])
     assert progress.latest(location) is None  # no batch completed
     with pytest.raises(ConfigError, match="2 slices with commits of unfinished batches"):
-        progress.committed_start(location)
+        takeover.committed_start(location)
     assert versions(location, [0, 1]) == {0: 0, 1: 0}
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from processor import progress
+from processor import recorder
 from processor.errors import ProcessorError
 from processor.grouping import group_keys, group_of, slices_of_key
 from processor.routing import route
@@ -59,7 +59,7 @@ def test_the_checkpoint_fixes_the_partitions_a_restart_lays_groups_out_for(spark
     on restart whatever the session says; `checkpoint_layout` reads them back, with the
     number of sources the query reads."""
     checkpoint = str(tmp_path / "ck")
-    assert progress.checkpoint_layout(spark, checkpoint) is None
+    assert recorder.checkpoint_layout(spark, checkpoint) is None
     saved = spark.conf.get("spark.sql.shuffle.partitions")
     spark.conf.set("spark.sql.shuffle.partitions", "3")
     try:
@@ -73,4 +73,4 @@ def test_the_checkpoint_fixes_the_partitions_a_restart_lays_groups_out_for(spark
         query.awaitTermination()
     finally:
         spark.conf.set("spark.sql.shuffle.partitions", saved)
-    assert progress.checkpoint_layout(spark, checkpoint) == (3, 1)
+    assert recorder.checkpoint_layout(spark, checkpoint) == (3, 1)

@@ -16,7 +16,7 @@ from changelog import aws, fence, rollback
 from changelog.durable import DurableState, SliceCommit, request_token
 from changelog.errors import ThrottledError
 from changelog.fence import QueryFencedError
-from processor import progress
+from processor import progress, takeover
 from processor.errors import ConfigError, ProcessorError
 from tests.test_committed_start import a_record
 from tests.test_runtime import KEYS, durable_counts, frame, outputs, runner
@@ -34,10 +34,10 @@ def test_a_taken_over_query_cannot_commit_on_top_of_the_new_querys_state(locatio
     loses the conditional write, reads the heads again (now `new`'s) and must not commit
     on top of them: its records would count twice."""
     old, new = runner(location, tmp_path / "old"), runner(location, tmp_path / "new")
-    progress.register(location, "old-query", 0, None)
+    takeover.register(location, "old-query", 0, None)
     old.run(0, "old-query", 0, frame(B0))
     progress.record(location, a_record("old-query", 0))
-    fenced = progress.register(location, "new-query", 0, {"query": "old-query", "batch": 0})
+    fenced = takeover.register(location, "new-query", 0, {"query": "old-query", "batch": 0})
     assert fenced == ["old-query"]
     new.run(0, "new-query", 0, frame(B1, 100))
     with pytest.raises(QueryFencedError, match="query old-query is fenced"):
@@ -52,10 +52,10 @@ def test_a_fenced_query_fails_even_on_heads_it_never_saw_before(location, tmp_pa
     """The fence is checked in the commit's own transaction, not only against what the
     query read: a slice the old query never touched is refused too."""
     old = runner(location, tmp_path / "old")
-    progress.register(location, "old-query", 0, None)
+    takeover.register(location, "old-query", 0, None)
     old.run(0, "old-query", 0, frame(["user-1"]))
     progress.record(location, a_record("old-query", 0))
-    progress.register(location, "new-query", 0, {"query": "old-query", "batch": 0})
+    takeover.register(location, "new-query", 0, {"query": "old-query", "batch": 0})
     with pytest.raises(QueryFencedError):
         old.run(0, "old-query", 1, frame(B1, 100))
     assert durable_counts(location) == fold(["user-1"])
@@ -66,7 +66,7 @@ def test_a_rollback_without_a_progress_record_fences_the_rolled_back_query(locat
     the roll-back is to batch 1, which has none. Restarted from its checkpoint, `q` must
     not continue at batch 3 on top of the rolled-back heads (batch 2 would vanish)."""
     r = runner(location, tmp_path)
-    progress.register(location, "q-rolled", 0, None)
+    takeover.register(location, "q-rolled", 0, None)
     r.run(0, "q-rolled", 0, frame(B0))
     progress.record(location, a_record("q-rolled", 0))
     r.run(0, "q-rolled", 1, frame(B1, 100))
@@ -78,7 +78,7 @@ def test_a_rollback_without_a_progress_record_fences_the_rolled_back_query(locat
     with pytest.raises(QueryFencedError):
         r.run(0, "q-rolled", 3, frame(["user-3"], 300))
     with pytest.raises(ProcessorError, match="may no longer work on application"):
-        progress.register(location, "q-rolled", 3, None)
+        takeover.register(location, "q-rolled", 3, None)
     assert durable_counts(location) == fold(B0, B1)
 
 
@@ -156,10 +156,10 @@ def test_a_transaction_throttled_past_every_retry_says_throttled(location, monke
 def test_outputs_of_the_new_query_are_the_folds(location, tmp_path):
     """After the takeover, the new query's outputs continue the counts exactly once."""
     old, new = runner(location, tmp_path / "old"), runner(location, tmp_path / "new")
-    progress.register(location, "old-query", 0, None)
+    takeover.register(location, "old-query", 0, None)
     old.run(0, "old-query", 0, frame(B0))
     progress.record(location, a_record("old-query", 0))
-    progress.register(location, "new-query", 0, {"query": "old-query", "batch": 0})
+    takeover.register(location, "new-query", 0, {"query": "old-query", "batch": 0})
     with pytest.raises(QueryFencedError):
         old.run(0, "old-query", 1, frame(B1, 100))
     out = outputs(new.run(0, "new-query", 0, frame(B1, 100)))
@@ -172,12 +172,12 @@ def test_a_new_query_at_its_own_position_on_state_is_refused_unless_recount(loca
     stream twice: refused, unless the user says records may count again; then it fences
     the query before it like a COMMITTED start does."""
     r = runner(location, tmp_path)
-    progress.register(location, "first-q", 0, None)
+    takeover.register(location, "first-q", 0, None)
     r.run(0, "first-q", 0, frame(B0))
     progress.record(location, a_record("first-q", 0))
     with pytest.raises(ProcessorError, match="would count twice.*--allow-recount"):
-        progress.register(location, "second-q", 0, None)
-    assert progress.register(location, "second-q", 0, None, recount=True) == ["first-q"]
+        takeover.register(location, "second-q", 0, None)
+    assert takeover.register(location, "second-q", 0, None, recount=True) == ["first-q"]
     with pytest.raises(QueryFencedError):
         r.run(0, "first-q", 1, frame(B1, 100))
 
@@ -186,47 +186,47 @@ def test_a_query_that_began_but_never_completed_a_batch_is_state_too(location, t
     """Its commits are state: a new query at its own position is refused; a COMMITTED start
     undoes them, says there is no progress, and then a start at TRIM_HORIZON is allowed."""
     r = runner(location, tmp_path)
-    progress.register(location, "crashed-q", 0, None)
+    takeover.register(location, "crashed-q", 0, None)
     r.run(0, "crashed-q", 0, frame(B0))  # the driver dies before recording batch 0
     with pytest.raises(ProcessorError, match="would count twice"):
-        progress.register(location, "fresh-q", 0, None)
+        takeover.register(location, "fresh-q", 0, None)
     with pytest.raises(ConfigError, match="no recorded progress"):
-        progress.committed_start(location)
+        takeover.committed_start(location)
     assert durable_counts(location) == {}
-    assert progress.register(location, "fresh-q", 0, None) == []
+    assert takeover.register(location, "fresh-q", 0, None) == []
     with pytest.raises(ProcessorError, match="may no longer work"):
-        progress.register(location, "crashed-q", 0, None)
+        takeover.register(location, "crashed-q", 0, None)
 
 
 def test_a_rollback_without_positions_withdraws_the_progress_record(location, tmp_path):
     """Rolled back to a batch with no record, the latest record (batch 2's positions) must
     not be continued by a COMMITTED start: the state no longer holds batch 2."""
     r = runner(location, tmp_path)
-    progress.register(location, "q-rolled", 0, None)
+    takeover.register(location, "q-rolled", 0, None)
     for b, keys in enumerate((B0, B1, B2)):
         r.run(0, "q-rolled", b, frame(keys, 100 * b))
         if b != 1:
             progress.record(location, a_record("q-rolled", b))
     # batch 1 recorded nothing (idle-skipped, or a driver that died after its commit)
     rollback.apply(location, rollback.plan(location, "q-rolled", 1))
-    assert progress.after_rollback(location, "q-rolled", 1) is None
+    assert takeover.after_rollback(location, "q-rolled", 1) is None
     with pytest.raises(ConfigError, match="progress was withdrawn"):
-        progress.committed_start(location)
+        takeover.committed_start(location)
     with pytest.raises(ProcessorError, match="would count twice"):
-        progress.register(location, "next-q", 0, None)
-    assert progress.register(location, "next-q", 0, None, recount=True) == ["q-rolled"]
+        takeover.register(location, "next-q", 0, None)
+    assert takeover.register(location, "next-q", 0, None, recount=True) == ["q-rolled"]
     assert durable_counts(location) == fold(B0, B1)
 
 
 def test_a_rollback_to_a_recorded_batch_makes_it_the_latest(location, tmp_path):
     r = runner(location, tmp_path)
-    progress.register(location, "q-rolled", 0, None)
+    takeover.register(location, "q-rolled", 0, None)
     for b, keys in enumerate((B0, B1, B2)):
         r.run(0, "q-rolled", b, frame(keys, 100 * b))
         progress.record(location, a_record("q-rolled", b))
     rollback.apply(location, rollback.plan(location, "q-rolled", 1))
-    assert progress.after_rollback(location, "q-rolled", 1)["batch"] == 1
-    found, _ = progress.committed_start(location)
+    assert takeover.after_rollback(location, "q-rolled", 1)["batch"] == 1
+    found, _ = takeover.committed_start(location)
     assert (found["query"], found["batch"]) == ("q-rolled", 1)
     assert durable_counts(location) == fold(B0, B1)
 
@@ -235,12 +235,12 @@ def test_a_new_query_on_other_streams_only_starts_and_fences_the_one_before(loca
     """State of stream `clicks` (the record's positions); a new query reading `orders` at
     TRIM_HORIZON counts nothing twice: allowed, and it takes the state over."""
     r = runner(location, tmp_path)
-    progress.register(location, "first-q", 0, None)
+    takeover.register(location, "first-q", 0, None)
     r.run(0, "first-q", 0, frame(B0))
     progress.record(location, a_record("first-q", 0))
     with pytest.raises(ProcessorError, match="would count twice"):
-        progress.register(location, "second-q", 0, None, streams=("orders", "clicks"))
-    assert progress.register(location, "second-q", 0, None, streams=("orders",)) == ["first-q"]
+        takeover.register(location, "second-q", 0, None, streams=("orders", "clicks"))
+    assert takeover.register(location, "second-q", 0, None, streams=("orders",)) == ["first-q"]
     with pytest.raises(QueryFencedError):
         r.run(0, "first-q", 1, frame(B1, 100))
 
@@ -250,15 +250,15 @@ def test_a_committed_start_fences_the_running_query_before_its_first_batch(locat
     first batch. The old query, still running, must not land a batch in between: the new
     query would read those records again (state B0 + B1 + B1)."""
     old, new = runner(location, tmp_path / "old"), runner(location, tmp_path / "new")
-    progress.register(location, "old-query", 0, None)
+    takeover.register(location, "old-query", 0, None)
     old.run(0, "old-query", 0, frame(B0))
     progress.record(location, a_record("old-query", 0))
-    progress.committed_start(location)  # the new job's prepare()
+    takeover.committed_start(location)  # the new job's prepare()
     with pytest.raises(QueryFencedError):
         old.run(0, "old-query", 1, frame(B1, 100))
     with pytest.raises(ProcessorError, match="this query was fenced"):
         progress.record(location, a_record("old-query", 1))
-    progress.register(location, "new-query", 0, {"query": "old-query", "batch": 0})
+    takeover.register(location, "new-query", 0, {"query": "old-query", "batch": 0})
     new.run(0, "new-query", 0, frame(B1, 100))
     assert durable_counts(location) == fold(B0, B1)
 
@@ -272,10 +272,10 @@ def test_a_rollback_cuts_later_queries_commits_on_slices_the_target_query_never_
     from processor.state_select import targets
 
     r1, r2 = runner(location, tmp_path / "one"), runner(location, tmp_path / "two")
-    progress.register(location, "query-one", 0, None)
+    takeover.register(location, "query-one", 0, None)
     r1.run(0, "query-one", 0, frame(["user-1"]))
     progress.record(location, a_record("query-one", 0))
-    progress.register(location, "query-two", 0, {"query": "query-one", "batch": 0})
+    takeover.register(location, "query-two", 0, {"query": "query-one", "batch": 0})
     r2.run(0, "query-two", 0, frame(B1, 100))
     progress.record(location, a_record("query-two", 0))
     heads = DurableState(location).heads(list(range(16)))

@@ -130,7 +130,7 @@ def test_a_checkpoint_written_before_the_timer_source_restarts_with_its_one_sour
 ):
     """Checkpoints of earlier versions read the Kinesis source alone, and Spark refuses to
     restart a query with another number of sources: such a checkpoint keeps one."""
-    from processor import progress
+    from processor import recorder
 
     stream = make_stream(1)
     kinesis.put_records(
@@ -138,9 +138,9 @@ def test_a_checkpoint_written_before_the_timer_source_restarts_with_its_one_sour
     )
     handlers = HandlerFactory(lambda event, ctx: ctx.state.set(1))
     cfg = job_config(location, (stream,), tmp_path, checkpoint="ck-old")
-    real = progress.checkpoint_layout
+    real = recorder.checkpoint_layout
     with monkeypatch.context() as m:  # as an earlier version laid the query out
-        m.setattr(progress, "checkpoint_layout", lambda *a: real(*a) or (None, 1))
+        m.setattr(recorder, "checkpoint_layout", lambda *a: real(*a) or (None, 1))
         start(spark, handlers, cfg, sink=lambda df, b: None, available_now=True).awaitTermination()
     assert real(spark, cfg.checkpoint)[1] == 1
     kinesis.put_records(
