@@ -263,8 +263,8 @@ def undo_uncommitted(loc: AppLocation) -> tuple[Progress | None, int]:
                 plan.to_dict()["moves"],
             )
             moved += rollback.apply(loc, plan)
-    if found["batch"] is None and found["started"]:
-        _clear_placeholder(loc, found)
+    if found["batch"] is None and found["started"] and not found["withdrawn"]:
+        _clear_placeholder(loc, found)  # (a withdrawn record stays: the state is not empty)
     return completed(found), moved
 
 
@@ -289,13 +289,6 @@ def _clear_placeholder(loc: AppLocation, found: Progress) -> None:
 def committed_start(loc: AppLocation) -> tuple[Progress, pos.Positions]:
     """Prepare a COMMITTED start: undo commits past the latest record, then return it and
     the shard positions it holds. ConfigError if no batch has completed yet."""
-    withdrawn = (read_record(loc.table, LATEST_SK) or {}).get("withdrawn")
-    if withdrawn:  # nothing to fence: the roll-back that withdrew it fenced every query
-        raise ConfigError(
-            f"--starting-position COMMITTED: application {loc.app!r}'s progress was "
-            f"withdrawn ({withdrawn}, which has no recorded source positions); start at an "
-            "explicit --starting-position AT_TIMESTAMP with --allow-recount"
-        )
     # Fence whatever could still be running first: a query that commits between the undo
     # and the new query's first batch would otherwise keep commits that the new query
     # then reads and counts again.
@@ -303,6 +296,14 @@ def committed_start(loc: AppLocation) -> tuple[Progress, pos.Positions]:
     if latest_now is not None:
         fence.fence(loc, [q for q in (latest_now["query"], *latest_now["started"]) if q])
     found, moved = undo_uncommitted(loc)
+    withdrawn = latest_now["withdrawn"] if latest_now is not None else None
+    if withdrawn:
+        raise ConfigError(
+            f"--starting-position COMMITTED: application {loc.app!r}'s progress was "
+            f"withdrawn ({withdrawn}, which has no recorded source positions; {moved} slices "
+            "with commits of queries started since were rolled back); start at an explicit "
+            "--starting-position AT_TIMESTAMP with --allow-recount"
+        )
     if found is None:
         undone = f" ({moved} slices with commits of unfinished batches were rolled back)"
         raise ConfigError(

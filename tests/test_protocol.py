@@ -90,6 +90,10 @@ def test_the_oracle_catches_an_unconditional_commit(aws, monkeypatch):
                  ["start", 4], ["run", 1, 2, 0], ["restore", 0, 4]]),
         # reslice carried a batch that never recorded its progress into the new generation
         (5, 6, [["start", 3], ["run", 0, 2, 1], ["reslice", 4]]),
+        # after a roll-back withdrew the progress, a query that began and never recorded
+        # kept its commits: the next start read those records again
+        (5, 9, [["start", 3], ["run", 0, 2, 1], ["run", 0, 1, 0], ["run", 0, 0, 1],
+                ["record", 0], ["rollback_unrecorded", 0], ["start", 4], ["run", 1, 1, 1]]),
     ],
 )  # fmt: skip
 def test_the_violations_bench_protocol_found_replay_clean(aws, seed, run, steps):
