@@ -37,7 +37,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgpack
 from botocore.exceptions import ClientError
@@ -411,16 +411,21 @@ def _check_header(header: bytes, f: SstFile, where: str) -> None:
         )
 
 
-def download_sst(bucket: str, f: SstFile, dest: Path, on_bytes: OnBytes = _ignore) -> int:
-    """Stream one SST object into `dest`, verifying its header and the CRC-32 of its content
-    on the way (zlib and file writes release the GIL on chunks this size)."""
+def _open_sst(bucket: str, f: SstFile) -> tuple[Any, str]:
+    """The body of an SST object, streaming, and where it is (MissingObjectError if gone)."""
     where = f"s3://{bucket}/{f.key}"
     try:
-        body = aws.client("s3").get_object(Bucket=bucket, Key=f.key)["Body"]
+        return aws.client("s3").get_object(Bucket=bucket, Key=f.key)["Body"], where
     except ClientError as exc:
         if is_missing(exc):
             raise missing(where) from exc
         raise
+
+
+def download_sst(bucket: str, f: SstFile, dest: Path, on_bytes: OnBytes = _ignore) -> int:
+    """Stream one SST object into `dest`, verifying its header and the CRC-32 of its content
+    on the way (zlib and file writes release the GIL on chunks this size)."""
+    body, where = _open_sst(bucket, f)
     try:
         _check_header(body.read(_SST.size), f, where)
         got, written = 0, 0
@@ -461,13 +466,7 @@ def scan_sst(bucket: str, f: SstFile) -> int | None:
     """Read an SST object through, checking its header and CRC-32 against `f` as a
     restore would (without writing it); return the low half of the session id that wrote
     the file (None: not found), for `foreign_files`."""
-    where = f"s3://{bucket}/{f.key}"
-    try:
-        body = aws.client("s3").get_object(Bucket=bucket, Key=f.key)["Body"]
-    except ClientError as exc:
-        if is_missing(exc):
-            raise missing(where) from exc
-        raise
+    body, where = _open_sst(bucket, f)
     tail = b""
     try:
         _check_header(body.read(_SST.size), f, where)

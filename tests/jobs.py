@@ -27,3 +27,21 @@ def job_config(
         "local_dir": str(tmp_path / "stores"),
     }
     return JobConfig(**(defaults | fields))
+
+
+def capture_cli_starts(monkeypatch: Any) -> list[JobConfig]:
+    """Make `shardless run` build its JobConfig and stop there: the configs it would have
+    started, without Spark."""
+    seen: list[JobConfig] = []
+
+    class Query:
+        def awaitTermination(self) -> None:  # noqa: N802
+            pass
+
+    def fake_start(spark: Any, handler: Any, cfg: JobConfig, **_: object) -> Query:
+        seen.append(cfg)
+        return Query()
+
+    monkeypatch.setattr("processor.job.start", fake_start)
+    monkeypatch.setattr("processor.spark.session", lambda *a, **k: None)
+    return seen

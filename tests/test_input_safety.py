@@ -23,6 +23,7 @@ from processor.kinesis.reader import ShardRead, read_shard
 from processor.kinesis.rows import record_batch
 from processor.kinesis_sink import chunks, record
 from processor.routing import hash_key, key_text, route, shard_slices
+from tests.jobs import capture_cli_starts
 
 BAD_APPS = [
     "",
@@ -198,18 +199,7 @@ def test_a_local_dir_owned_by_another_user_is_refused(home, tmp_path, monkeypatc
 
 
 def test_the_cli_default_checkpoint_is_the_users_own_and_private(home, tmp_path, monkeypatch):
-    seen: list[JobConfig] = []
-
-    class Query:
-        def awaitTermination(self) -> None:  # noqa: N802
-            pass
-
-    def fake_start(spark, handler, cfg, **_: object) -> Query:  # noqa: ANN001
-        seen.append(cfg)
-        return Query()
-
-    monkeypatch.setattr("processor.job.start", fake_start)
-    monkeypatch.setattr("processor.spark.session", lambda *a, **k: None)
+    seen = capture_cli_starts(monkeypatch)
     app = tmp_path / "app.py"
     app.write_text("def process(event, ctx):\n    pass\n")
     assert cli.main(["run", str(app), "--app", "clicks", "--stream", "s"]) == 0

@@ -17,7 +17,7 @@ from processor.config import JobConfig
 from processor.errors import ConfigError
 from processor.kinesis.kpl import MAGIC
 from processor.kinesis.source import KinesisStreamReader
-from tests.jobs import job_config
+from tests.jobs import capture_cli_starts, job_config
 
 
 def config(**fields: object) -> JobConfig:
@@ -90,18 +90,7 @@ def test_committed_and_the_other_positions_are_accepted():
 
 
 def test_the_run_command_passes_its_source_flags_into_the_job(tmp_path, monkeypatch, capsys):
-    seen: list[JobConfig] = []
-
-    class Query:
-        def awaitTermination(self) -> None:  # noqa: N802
-            pass
-
-    def fake_start(spark, handler, cfg, **_: object) -> Query:  # noqa: ANN001
-        seen.append(cfg)
-        return Query()
-
-    monkeypatch.setattr("processor.job.start", fake_start)
-    monkeypatch.setattr("processor.spark.session", lambda *a, **k: None)
+    seen = capture_cli_starts(monkeypatch)
     app = tmp_path / "app.py"
     app.write_text("def process(event, ctx):\n    pass\n")
     base = ["run", str(app), "--app", "x", "--stream", "s", "--checkpoint", str(tmp_path)]
