@@ -19,7 +19,7 @@ a delay, so kills land while the next batch runs):
 - request faults: the schedule's proxy rules are installed;
 - takeover: more events, and a second driver on a NEW checkpoint at `--starting-position
   COMMITTED` while the first runs (a blue/green deployment). The new query fences the old
-  one as it starts (`progress.committed_start`, before it undoes the old one's unrecorded
+  one as it starts (`takeover.committed_start`, before it undoes the old one's unrecorded
   commits); the old driver then fails at its next commit (QueryFencedError) or progress
   record, or ends having drained the stream; one still running 60 s after the new query's
   first batch is killed (the operator stops the old deployment). Should the old query
@@ -154,7 +154,8 @@ class Checkpoint:
         )
         if offsets:
             lines = (root / "offsets" / str(offsets[0])).read_text().splitlines()
-            found = json.loads(lines[2]).get("from") if len(lines) > 2 else None
+            kinesis = [o for o in map(json.loads, lines[2:]) if isinstance(o, dict) and "run" in o]
+            found = kinesis[0].get("from") if kinesis else None
             if found:
                 start = (found["query"], int(found["batch"]))
         reports = {r["batch_id"]: r for d in self.drivers for r in d.reports}
