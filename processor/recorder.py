@@ -8,11 +8,10 @@ import time
 from typing import Any
 
 from changelog.layout import AppLocation
+from processor import progress, takeover
 from processor.errors import ProcessorError
 from processor.kinesis import positions as pos
 from processor.kinesis.batch_log import BatchLog
-from processor.progress import record
-from processor.takeover import register
 
 IDLE_RECORD_S = 600.0  # an idle query refreshes its record (and `since`) this often
 
@@ -157,7 +156,7 @@ class Recorder:
             return
         query = checkpoint_query(self.spark, self.checkpoint)
         offset = checkpoint_offset(self.spark, self.checkpoint, batch_id)
-        self.fenced = register(
+        self.fenced = takeover.register(
             self.loc, query, batch_id, offset.get("from"), self.recount, self.streams
         )
         self.query = query
@@ -174,7 +173,7 @@ class Recorder:
         offset = checkpoint_offset(self.spark, self.checkpoint, batch_id)
         positions = positions_after(self.loc.table, offset, self._known)
         self._known = {k: v for k, v in self._known.items() if k[1] >= int(offset["n"]) - 1}
-        record(
+        progress.record(
             self.loc,
             {
                 "query": self.query,
