@@ -422,6 +422,15 @@ def _open_sst(bucket: str, f: SstFile) -> tuple[Any, str]:
         raise
 
 
+def _check_content(f: SstFile, where: str, size: int, crc: int) -> None:
+    """Refuse an SST object whose content is not the size and CRC-32 its manifest says."""
+    if size != f.size or crc != f.crc32:
+        raise CorruptObjectError(
+            f"{where}: content does not match its checksum ({size} bytes, crc {crc:08x}; "
+            f"expected {f.size} bytes, crc {f.crc32:08x}); refusing to load"
+        )
+
+
 def download_sst(bucket: str, f: SstFile, dest: Path, on_bytes: OnBytes = _ignore) -> int:
     """Stream one SST object into `dest`, verifying its header and the CRC-32 of its content
     on the way (zlib and file writes release the GIL on chunks this size)."""
@@ -438,11 +447,7 @@ def download_sst(bucket: str, f: SstFile, dest: Path, on_bytes: OnBytes = _ignor
                 on_bytes(len(chunk))
     finally:
         body.close()
-    if written != f.size or got != f.crc32:
-        raise CorruptObjectError(
-            f"{where}: content does not match its checksum ({written} bytes, crc {got:08x}; "
-            f"expected {f.size} bytes, crc {f.crc32:08x}); refusing to load"
-        )
+    _check_content(f, where, written, got)
     local_crcs.put(dest / f.name, got)  # the restored store's next snapshot shares it
     return written
 
@@ -477,11 +482,7 @@ def scan_sst(bucket: str, f: SstFile) -> int | None:
             tail = (tail + chunk)[-_TAIL:]
     finally:
         body.close()
-    if size != f.size or got != f.crc32:
-        raise CorruptObjectError(
-            f"{where}: content does not match its checksum ({size} bytes, crc {got:08x}; "
-            f"expected {f.size} bytes, crc {f.crc32:08x})"
-        )
+    _check_content(f, where, size, got)
     return _session_lower(tail)
 
 
