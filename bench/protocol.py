@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -215,6 +216,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ci", action="store_true", help="the CI slice's mix (CI_KINDS)")
     parser.add_argument("--budget-s", type=float, default=0, help="stop starting runs after")
     parser.add_argument("--shrink-s", type=float, default=120, help="per violation class")
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="campaigns in parallel, each with its own moto server"
+    )
+    parser.add_argument("--stride", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--verbose", action="store_true", help="print each run's steps")
     args = parser.parse_args(argv)
@@ -228,17 +233,24 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings(
         replace(Spec(), slices=args.slices, timers=not args.no_timers), args.max_steps, kinds
     )
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
+    if args.jobs > 1 and args.replay:
+        parser.error("--jobs is for campaigns, not --replay")
     emulators = None
-    if not os.environ.get("AWS_ENDPOINT_URL_S3"):
+    if args.jobs > 1:
+        report = parallel(args, argv if argv is not None else sys.argv[1:])
+    elif not os.environ.get("AWS_ENDPOINT_URL_S3"):
         from processor import local_aws
 
         emulators = local_aws.start("kinesalite")
         emulators.apply_env()
-    try:
-        report = replay(args, settings) if args.replay else campaign(args, settings)
-    finally:
-        if emulators is not None:
-            emulators.stop()
+    if args.jobs == 1:
+        try:
+            report = replay(args, settings) if args.replay else campaign(args, settings)
+        finally:
+            if emulators is not None:
+                emulators.stop()
     if args.json:
         print(json.dumps(report))
     else:
@@ -292,7 +304,7 @@ def campaign(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     details: list[dict[str, Any]] = []
     shrunk: set[str] = set()
     by_class: dict[str, int] = {}
-    for run in range(args.first_run, args.first_run + args.runs):
+    for run in range(args.first_run, args.first_run + args.runs, args.stride):
         if args.budget_s and time.monotonic() - started > args.budget_s:
             break
         r = run_once(args.seed, run, settings)
@@ -329,6 +341,60 @@ def campaign(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
         "kinds": list(settings.kinds),
         "seconds": round(time.monotonic() - started, 1),
         "details": details,
+    }
+
+
+def parallel(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
+    """`--jobs J`: J campaigns in child processes, each with its own moto server (the
+    server, not this process, is the bottleneck), job j taking runs first+j, first+j+J, ...
+    The merged report is the one a single campaign over the same runs would give."""
+    rest: list[str] = []
+    skip = False
+    for a in argv:  # drop --jobs/--json/--first-run from the children's arguments
+        if skip:
+            skip = False
+            continue
+        if a in ("--jobs", "--first-run"):
+            skip = True
+            continue
+        if a.startswith(("--jobs=", "--first-run=")) or a == "--json":
+            continue
+        rest.append(a)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_ENDPOINT_URL")}
+    started = time.monotonic()
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-m", "bench.protocol", *rest, "--json"]
+            + ["--first-run", str(args.first_run + j), "--stride", str(args.jobs)]
+            + ["--runs", str(max(0, args.runs - j))],
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        for j in range(args.jobs)
+    ]
+    reports = []
+    for child in children:
+        out, _ = child.communicate()
+        lines = out.strip().splitlines()
+        if not lines:
+            raise SystemExit(f"a protocol campaign exited {child.returncode} without a report")
+        reports.append(json.loads(lines[-1]))
+    by_class: dict[str, int] = {}
+    for r in reports:
+        for name, n in r["by_invariant"].items():
+            by_class[name] = by_class.get(name, 0) + n
+    return {
+        "seed": args.seed,
+        "runs": sum(r["runs"] for r in reports),
+        "steps": sum(r["steps"] for r in reports),
+        "violations": sum(r["violations"] for r in reports),
+        "refused": sum(r["refused"] for r in reports),
+        "by_invariant": by_class,
+        "kinds": reports[0]["kinds"],
+        "jobs": args.jobs,
+        "seconds": round(time.monotonic() - started, 1),
+        "details": [d for r in reports for d in r["details"]],
     }
 
 

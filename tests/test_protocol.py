@@ -7,6 +7,7 @@ slice."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -99,3 +100,17 @@ def test_the_oracle_catches_an_unconditional_commit(aws, monkeypatch):
 def test_the_violations_bench_protocol_found_replay_clean(aws, seed, run, steps):
     s = Settings(spec=Spec(timers=True), max_steps=30, kinds=protocol.KINDS)
     assert run_once(seed, run, s, steps).violation is None
+
+
+@pytest.mark.slow
+def test_parallel_campaigns_cover_the_same_runs_as_one(capsys):
+    """`--jobs 2` stripes runs over two campaigns (each with its own moto server); the
+    merged report counts the same runs, steps and refusals as one campaign over them."""
+    args = ["--seed", "3", "--runs", "3", "--max-steps", "5", "--json"]
+    reports = []
+    for jobs in ("1", "2"):
+        assert protocol.main([*args, "--jobs", jobs]) == 0
+        reports.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+    one, two = reports
+    assert two["jobs"] == 2 and two["runs"] == one["runs"] == 3
+    assert (two["steps"], two["refused"]) == (one["steps"], one["refused"])
