@@ -29,7 +29,7 @@ $(STAMP_NODE): package.json package-lock.json
 	touch $@
 
 demo: setup
-	$(PY) -m processor.demo
+	$(PY) -m shardless.processor.demo
 
 test: setup
 	$(PY) -m ruff check .

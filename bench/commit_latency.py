@@ -3,10 +3,10 @@
 
 A group commits its slices' heads in one `TransactWriteItems` per 100 slices, and reads
 heads it does not know (its first batch on a host, a group that moved, a tool over every
-slice) in one `BatchGetItem` per 100 (`changelog.durable`). Both are sent together; the
+slice) in one `BatchGetItem` per 100 (`shardless.changelog.durable`). Both are sent together; the
 baseline, measured in the same run and interleaved round by round, sends them one at a
 time (`TRANSACTION_THREADS = 1`, `READ_THREADS = 1`, how it was done before). Both go to
-moto server over HTTP, through `processor.fault_proxy`, which adds a fixed delay to every
+moto server over HTTP, through `shardless.processor.fault_proxy`, which adds a fixed delay to every
 `TransactWriteItems` and `BatchGetItem` to stand for the round trip to a regional
 DynamoDB endpoint (`--rtt-ms`); a delay of 0 goes to moto on loopback directly, without
 the proxy. The figures: the `dynamodb` step of `DurableState.commit` (the transactions,
@@ -29,12 +29,12 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from changelog import durable as durable_module
-from changelog import resources
-from changelog.durable import DurableState, SliceCommit
-from changelog.layout import AppLocation, Head
-from processor import local_aws
-from processor.fault_proxy import FaultProxy, Rule
+from shardless.changelog import durable as durable_module
+from shardless.changelog import resources
+from shardless.changelog.durable import DurableState, SliceCommit
+from shardless.changelog.layout import AppLocation, Head
+from shardless.processor import local_aws
+from shardless.processor.fault_proxy import FaultProxy, Rule
 
 SIZES = (100, 128, 256)  # changed slices in one group's commit: 1, 2 and 3 transactions
 READ_SIZES = (100, 128, 256, 1024)  # heads read at once: 1, 2, 3 and 11 BatchGetItem calls

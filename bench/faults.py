@@ -39,10 +39,10 @@ from typing import Any
 
 import boto3
 
-from processor import local_aws
-from processor.faults import runner
-from processor.faults.proxy import Proxy
-from processor.faults.schedule import KILLS, KINDS, Schedule, draw, with_stall
+from shardless.processor import local_aws
+from shardless.processor.faults import runner
+from shardless.processor.faults.proxy import Proxy
+from shardless.processor.faults.schedule import KILLS, KINDS, Schedule, draw, with_stall
 
 
 def run_harness(

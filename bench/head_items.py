@@ -1,15 +1,15 @@
 """What a batch's DynamoDB commit of 256 slice heads costs on the project's moto server, by
 table layout (`python -m bench.head_items --json`).
 
-A batch that changes every slice writes one head per slice (`changelog.durable`): conditional
-Puts, 100 to a `TransactWriteItems`. The alternative weighed in `docs/benchmarks.md` is one
-item per block of consecutive slices, one `UpdateItem` per block that sets each changed
-slice's head and checks each one's own token. Both are measured here, in CPU seconds per
-batch of the client and moto together (moto in-process through `mock_aws`, with the fixes
-of `processor.moto_server`), and, for the per-slice layout, also on moto as released: the
+A batch that changes every slice writes one head per slice (`shardless.changelog.durable`):
+conditional Puts, 100 to a `TransactWriteItems`. The alternative weighed in `docs/benchmarks.md` is
+one item per block of consecutive slices, one `UpdateItem` per block that sets each changed slice's
+head and checks each one's own token. Both are measured here, in CPU seconds per batch of the client
+and moto together (moto in-process through `mock_aws`, with the fixes of
+`shardless.processor.moto_server`), and, for the per-slice layout, also on moto as released: the
 cost of those fixes. Every variant runs in its own process (the fixes patch moto's module),
-interleaved over `--rounds`; the figures are medians, and the ratios are to the per-slice
-layout measured in the same run.
+interleaved over `--rounds`; the figures are medians, and the ratios are to the per-slice layout
+measured in the same run.
 
 Items are the size of a real head: a 1,700-byte log and snapshot list per slice.
 """
@@ -25,7 +25,7 @@ import sys
 import time
 from typing import Any
 
-from changelog.resources import TABLE_SCHEMA
+from shardless.changelog.resources import TABLE_SCHEMA
 
 SLICES = 256
 HEAD_BYTES = 1_700
@@ -45,8 +45,9 @@ def _table(ddb: Any) -> None:
 
 
 def _per_slice_batch(ddb: Any, logs: dict[int, bytes], version: int) -> None:
-    """Today's layout: `changelog.layout.head_item` under `head_condition`, 100 a transaction."""
-    from changelog.layout import Head, head_condition, head_item
+    """Today's layout: `shardless.changelog.layout.head_item` under `head_condition`,
+    100 a transaction."""
+    from shardless.changelog.layout import Head, head_condition, head_item
 
     items = []
     for s in range(SLICES):
@@ -109,7 +110,7 @@ def measure(variant: str, batches: int) -> float:
 
     layout, block, fixed = _VARIANTS[variant]
     if fixed:
-        from processor import moto_server
+        from shardless.processor import moto_server
 
         moto_server._patch()
     with mock_aws():

@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from processor.routing import route
+from shardless.processor.routing import route
 
 T0 = 1_800_000_000_000  # processing time of input batch 0
 STEP_MS = 1_000  # processing time between input batches
@@ -85,7 +85,8 @@ def frame(
     records: list[Rec], slices: int, only: range, woken: tuple[int, ...] = ()
 ) -> pd.DataFrame | None:
     """The records of one group, as Spark hands them to the runtime (shuffled), with a
-    wake-up row (no data) for each slice of `woken` in the group (`processor.timer_source`)."""
+    wake-up row (no data) for each slice of `woken` in the group
+    (`shardless.processor.timer_source`)."""
     rows = [
         {
             "stream": "",

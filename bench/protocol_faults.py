@@ -9,9 +9,9 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from changelog.durable import DurableState
-from processor.stores import StoreCache
-from state.store import SliceStore
+from shardless.changelog.durable import DurableState
+from shardless.processor.stores import StoreCache
+from shardless.state.store import SliceStore
 
 
 class Crash(RuntimeError):

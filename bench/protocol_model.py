@@ -2,10 +2,10 @@
 the oracle (a plain fold of the accepted batches).
 
 Every step calls the real runtime (`GroupRunner.run`), the real driver functions
-(`processor.progress`) and the real tools (`changelog.rollback`, `changelog.gc`, `state
-restore`) in this process, against the emulators the environment points at. Crash points,
-speculative twins and zombies are wrappers around the real functions, in place only while
-their step (or their zombie) lives.
+(`shardless.processor.progress`) and the real tools (`shardless.changelog.rollback`,
+`shardless.changelog.gc`, `state restore`) in this process, against the emulators the environment
+points at. Crash points, speculative twins and zombies are wrappers around the real functions, in
+place only while their step (or their zombie) lives.
 """
 
 from __future__ import annotations
@@ -27,21 +27,21 @@ from typing import Any
 
 from bench.protocol_app import FAR_MS, T0, Fold, Rec, Spec, frame, now_of, on_timer, process
 from bench.protocol_faults import Crash, before_first_commit, crash_point, stall_commit
-from changelog import aws, gc, resources
-from changelog.durable import DurableState
-from changelog.errors import ChangelogError
-from changelog.layout import AppLocation, head_item
-from changelog.restore import RestoreJob, identity, restore_many
-from processor import progress, state_cli, takeover
-from processor.errors import ProcessorError
-from processor.grouping import group_slices
-from processor.handlers import HandlerFactory
-from processor.routing import route
-from processor.runtime import GroupRunner, RuntimeConfig
-from processor.stores import close_caches
-from state import encoding
-from state.keys import data_key, record_key
-from state.store import SliceStore
+from shardless.changelog import aws, gc, resources
+from shardless.changelog.durable import DurableState
+from shardless.changelog.errors import ChangelogError
+from shardless.changelog.layout import AppLocation, head_item
+from shardless.changelog.restore import RestoreJob, identity, restore_many
+from shardless.processor import progress, state_cli, takeover
+from shardless.processor.errors import ProcessorError
+from shardless.processor.grouping import group_slices
+from shardless.processor.handlers import HandlerFactory
+from shardless.processor.routing import route
+from shardless.processor.runtime import GroupRunner, RuntimeConfig
+from shardless.processor.stores import close_caches
+from shardless.state import encoding
+from shardless.state.keys import data_key, record_key
+from shardless.state.store import SliceStore
 
 
 class Violation(Exception):
@@ -204,10 +204,10 @@ class World:
         return "ok"
 
     def wake(self) -> tuple[int, ...]:
-        """The slices a new checkpoint's first batch wakes (`processor.timer_source`, when
+        """The slices a new checkpoint's first batch wakes (`shardless.processor.timer_source`, when
         the product has it), fixed when the batch is planned."""
         try:
-            from processor.timer_source import pending_slices
+            from shardless.processor.timer_source import pending_slices
         except ImportError:
             return ()
         return tuple(pending_slices(self.loc.table, self.spec.slices))

@@ -43,21 +43,21 @@ import numpy as np
 import pandas as pd
 import urllib3
 
-from changelog import aws, resources, restore, snapshot
-from changelog.durable import DurableState, SliceCommit
-from changelog.layout import AppLocation, Head, encode_log, encode_snaps, plan_restore
-from changelog.restore import identity
-from changelog.snapshot import decode_manifest, write_snapshot
-from changelog.transfer_process import TRANSFER_PROCESS_BYTES, transfer_process
-from processor import local_aws
-from processor.api import Context, Event
-from processor.grouping import group_slices
-from processor.handlers import HandlerFactory
-from processor.routing import route
-from processor.runtime import GroupRunner, RuntimeConfig
-from processor.stores import StoreCache
-from state import encoding, keys
-from state.store import SliceStore
+from shardless.changelog import aws, resources, restore, snapshot
+from shardless.changelog.durable import DurableState, SliceCommit
+from shardless.changelog.layout import AppLocation, Head, encode_log, encode_snaps, plan_restore
+from shardless.changelog.restore import identity
+from shardless.changelog.snapshot import decode_manifest, write_snapshot
+from shardless.changelog.transfer_process import TRANSFER_PROCESS_BYTES, transfer_process
+from shardless.processor import local_aws
+from shardless.processor.api import Context, Event
+from shardless.processor.grouping import group_slices
+from shardless.processor.handlers import HandlerFactory
+from shardless.processor.routing import route
+from shardless.processor.runtime import GroupRunner, RuntimeConfig
+from shardless.processor.stores import StoreCache
+from shardless.state import encoding, keys
+from shardless.state.store import SliceStore
 
 SLICES = 256
 GROUPS = 8
@@ -93,7 +93,7 @@ def counter(event: Event, ctx: Context) -> None:
 
 
 class Requests:
-    """API calls made through the shared clients (`changelog.aws`), from any thread."""
+    """API calls made through the shared clients (`shardless.changelog.aws`), from any thread."""
 
     def __init__(self) -> None:
         self.calls: Counter[tuple[str, str]] = Counter()

@@ -8,7 +8,7 @@ One kinesalite (and moto for the source's batch ends in DynamoDB), one stream, o
   shard, and it stops a shard where the source does (a short page with MillisBehindLatest
   0). What a hand-written consumer does.
 - **plain loop, source client**: the same loop with the source's own client
-  (`processor.kinesis.client`: its GetRecords parser), to tell what the source gains from
+  (`shardless.processor.kinesis.client`: its GetRecords parser), to tell what the source gains from
   its client apart from what Spark and the batch protocol cost.
 - **plain loop, parallel**: the stock loop with one thread per shard, all shards at once
   (the source reads shards in parallel too), for reference.
@@ -47,8 +47,8 @@ from typing import Any
 
 import boto3
 
-from processor import local_aws
-from processor.kinesis.reader import MIN_CALL_INTERVAL_S
+from shardless.processor import local_aws
+from shardless.processor.kinesis.reader import MIN_CALL_INTERVAL_S
 
 GOAL = 0.8
 STREAM = "bench-source"
@@ -136,8 +136,8 @@ def source_run(
     spark: Any, stream: str, table: str, checkpoint: str, max_records: int
 ) -> dict[str, Any]:
     """Count the stream through the source in an availableNow query."""
-    from processor import recorder
-    from processor.kinesis.batch_log import BatchLog
+    from shardless.processor import recorder
+    from shardless.processor.kinesis.batch_log import BatchLog
 
     counts: list[int] = []
 
@@ -201,10 +201,10 @@ def _mid(values: list[float]) -> float:
 
 
 def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    from changelog import resources
-    from changelog.layout import AppLocation
-    from processor.kinesis.client import kinesis_client
-    from processor.spark import session
+    from shardless.changelog import resources
+    from shardless.changelog.layout import AppLocation
+    from shardless.processor.kinesis.client import kinesis_client
+    from shardless.processor.spark import session
 
     stock = boto3.client("kinesis")
     stock.create_stream(StreamName=STREAM, ShardCount=args.shards)

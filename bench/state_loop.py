@@ -29,13 +29,13 @@ import msgpack
 import numpy as np
 from rocksdict import Options, Rdict, WriteBatch
 
-from processor.api import Context, Event, Timer
-from processor.handlers import HandlerFactory
-from processor.routing import route
-from processor.task import run_slice
-from state import encoding, keys
-from state.store import SliceStore
-from state.transaction import Transaction
+from shardless.processor.api import Context, Event, Timer
+from shardless.processor.handlers import HandlerFactory
+from shardless.processor.routing import route
+from shardless.processor.task import run_slice
+from shardless.state import encoding, keys
+from shardless.state.store import SliceStore
+from shardless.state.transaction import Transaction
 
 SLICES = 256
 ZIPF_S = 1.1

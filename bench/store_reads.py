@@ -25,8 +25,8 @@ from pathlib import Path
 
 from rocksdict import Checkpoint, Options, Rdict, WriteBatch
 
-from state.keys import data_key
-from state.store import SliceStore
+from shardless.state.keys import data_key
+from shardless.state.store import SliceStore
 
 MIXES = {"all_miss": 0.0, "half_hit": 0.5, "all_hit": 1.0}
 

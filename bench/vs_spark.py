@@ -51,7 +51,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.state_loop import ZIPF_S, key_ids
-from processor.api import Context, Event
+from shardless.processor.api import Context, Event
 
 CONTENDERS = (
     "shardless",
@@ -185,7 +185,7 @@ class FloorRunner:
     def __call__(
         self, key: tuple, pdfs: Iterator[pd.DataFrame], state: Any
     ) -> Iterator[pd.DataFrame]:
-        from processor.runtime import _COLUMNS
+        from shardless.processor.runtime import _COLUMNS
 
         called_at, started = time.time(), time.perf_counter()
         n = sum(len(p) for p in pdfs)
@@ -228,11 +228,11 @@ def query_for(
             .groupBy("partition_key")
             .transformWithStateInPandas(_count_processor(), out_schema, "Update", "None")
         )
-    from changelog import resources
-    from processor.config import JobConfig
-    from processor.handlers import HandlerFactory
-    from processor.job import as_records, outputs
-    from processor.runtime import GroupRunner
+    from shardless.changelog import resources
+    from shardless.processor.config import JobConfig
+    from shardless.processor.handlers import HandlerFactory
+    from shardless.processor.job import as_records, outputs
+    from shardless.processor.runtime import GroupRunner
 
     groups = int(spark.conf.get("spark.sql.shuffle.partitions"))
     cfg = JobConfig(
@@ -427,8 +427,8 @@ def run(
 def _stop_owners(spark: Any, local_dir: str, app: str) -> None:
     """Stop the run's group owner processes (if any), so that they use no CPU or memory
     in the runs after it."""
-    from processor import owner
-    from processor.grouping import group_keys
+    from shardless.processor import owner
+    from shardless.processor.grouping import group_keys
 
     for g in group_keys(int(spark.conf.get("spark.sql.shuffle.partitions"))):
         owner.stop(local_dir, app, g)
@@ -436,11 +436,11 @@ def _stop_owners(spark: Any, local_dir: str, app: str) -> None:
 
 def verify_durable(app: str, w: Workload, slices: int) -> list[str]:
     """shardless's state rebuilt from S3 and DynamoDB alone equals the NumPy fold."""
-    from changelog.durable import DurableState
-    from changelog.layout import AppLocation
-    from changelog.restore import materialize
-    from state import encoding
-    from state.keys import is_value_key, record_key
+    from shardless.changelog.durable import DurableState
+    from shardless.changelog.layout import AppLocation
+    from shardless.changelog.restore import materialize
+    from shardless.state import encoding
+    from shardless.state.keys import is_value_key, record_key
 
     durable = DurableState(AppLocation.default(app))
     found = np.zeros_like(w.counts)
@@ -460,7 +460,7 @@ def verify_durable(app: str, w: Workload, slices: int) -> list[str]:
 
 def spark_session(master: str, groups: int) -> Any:
     """One session for every contender: shardless's own, with the RocksDB provider."""
-    from processor.spark import session
+    from shardless.processor.spark import session
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -677,7 +677,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--profile",
         metavar="DIR",
-        help="cProfile every shardless group call into DIR (processor.runtime.PROFILE_ENV)",
+        help="cProfile every shardless group call into DIR "
+        "(shardless.processor.runtime.PROFILE_ENV)",
     )
     args = parser.parse_args(argv)
     for name in ("records", "batch"):
@@ -690,7 +691,7 @@ def main(argv: list[str] | None = None) -> None:
             f"--also-batch must be a number of records, or 0 for none, not {args.also_batch}"
         )
     if args.profile:
-        from processor.runtime import PROFILE_ENV
+        from shardless.processor.runtime import PROFILE_ENV
 
         os.environ[PROFILE_ENV] = str(Path(args.profile).resolve())  # inherited by workers
     if args.quick:
@@ -699,7 +700,7 @@ def main(argv: list[str] | None = None) -> None:
     contenders = [c for c in CONTENDERS + OPTIONAL if c in args.contenders.split(",")]
     workloads = [w for w in WORKLOADS if w in args.workloads.split(",")]
 
-    from processor import local_aws
+    from shardless.processor import local_aws
 
     tmp = Path(tempfile.mkdtemp(prefix="shardless-vs-spark-"))
     aws = local_aws.start("kinesalite", log_dir=tmp / "local-aws")

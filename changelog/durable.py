@@ -11,10 +11,10 @@ write (the epoch goes up by one, `owner` names the process); `claim` does the sa
 a commit, for tools. Either fences every earlier owner.
 
 Queries: each commit transaction also checks that its query is not fenced
-(`changelog.fence`), so a query that another one took over, or that was rolled back behind,
-cannot land a commit even on heads it read after the takeover. Each transaction carries a
-`ClientRequestToken` derived from the segment's uid, so an SDK retry of a transaction that
-did land (its answer lost) succeeds instead of failing its own condition.
+(`shardless.changelog.fence`), so a query that another one took over, or that was rolled back
+behind, cannot land a commit even on heads it read after the takeover. Each transaction carries a
+`ClientRequestToken` derived from the segment's uid, so an SDK retry of a transaction that did land
+(its answer lost) succeeds instead of failing its own condition.
 """
 
 from __future__ import annotations
@@ -31,15 +31,15 @@ from pathlib import Path
 
 from botocore.exceptions import ClientError
 
-from changelog import aws, fence
-from changelog.errors import (
+from shardless.changelog import aws, fence
+from shardless.changelog.errors import (
     CommitConflictError,
     CommitTooLateError,
     CorruptObjectError,
     MissingObjectError,
     ThrottledError,
 )
-from changelog.layout import (
+from shardless.changelog.layout import (
     HEAD_SK,
     TIMERS_UNKNOWN,
     AppLocation,
@@ -58,9 +58,9 @@ from changelog.layout import (
     slice_of_pk,
     slice_pk,
 )
-from changelog.segment import decode_section, encode_segment
-from changelog.snapshot import get_bytes, missing
-from changelog.transactions import (
+from shardless.changelog.segment import decode_section, encode_segment
+from shardless.changelog.snapshot import get_bytes, missing
+from shardless.changelog.transactions import (
     NOT_LOST,
     HeadConflictError,
     cancellation_reasons,
@@ -70,8 +70,8 @@ from changelog.transactions import (
     request_token,
     transaction_chunks,
 )
-from changelog.transfer_process import TRANSFER_PROCESS_BYTES
-from state.store import Change
+from shardless.changelog.transfer_process import TRANSFER_PROCESS_BYTES
+from shardless.state.store import Change
 
 _CONFLICT_ATTEMPTS = 4  # a transaction cancelled only by another one in flight is retried
 # a transaction cancelled because DynamoDB throttled one of its items is retried after a
@@ -91,7 +91,7 @@ UNPROCESSED_PAUSE_S = 0.05  # the first pause is up to this long, then doubling,
 SEGMENT_CACHE_FILES = 64  # newest segments kept on local disk for other workers of the host
 # A commit refuses to reference uploads (its segment, the batch's snapshots) older than
 # this: gc beside a running job deletes unreferenced objects only past a grace at least
-# twice as long (`changelog.gc.RUNNING_GRACE_S`), so a stalled task cannot commit a
+# twice as long (`shardless.changelog.gc.RUNNING_GRACE_S`), so a stalled task cannot commit a
 # reference to an object gc has removed.
 COMMIT_DEADLINE_S = 1200.0
 
@@ -160,7 +160,7 @@ class DurableState:
         self.keep_snapshots = keep_snapshots
         self.segment_cache = segment_cache
         # a restore fetching at least this many bytes of snapshots runs its transfers in the
-        # worker's helper process (`changelog.transfer_process`); None: never
+        # worker's helper process (`shardless.changelog.transfer_process`); None: never
         self.transfer_process_bytes = transfer_process_bytes
 
     @property

@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from changelog import aws
-from changelog.errors import CommitConflictError
-from changelog.layout import APP_PK, AppLocation
+from shardless.changelog import aws
+from shardless.changelog.errors import CommitConflictError
+from shardless.changelog.layout import APP_PK, AppLocation
 
 FENCE_SK = "fence"
 

@@ -39,12 +39,12 @@ from dataclasses import dataclass, field
 import msgpack
 from botocore.exceptions import ClientError
 
-from changelog import aws
-from changelog.durable import DurableState
-from changelog.errors import ChangelogError, CorruptObjectError, MissingObjectError
-from changelog.layout import AppLocation
-from changelog.segment import decode_info
-from changelog.snapshot import decode_manifest, get_bytes, is_missing, read_manifest
+from shardless.changelog import aws
+from shardless.changelog.durable import DurableState
+from shardless.changelog.errors import ChangelogError, CorruptObjectError, MissingObjectError
+from shardless.changelog.layout import AppLocation
+from shardless.changelog.segment import decode_info
+from shardless.changelog.snapshot import decode_manifest, get_bytes, is_missing, read_manifest
 
 log = logging.getLogger(__name__)
 

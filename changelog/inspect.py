@@ -18,13 +18,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from changelog.durable import DurableState
-from changelog.errors import ChangelogError
-from changelog.layout import Head
-from changelog.restore import materialize
-from state import encoding
-from state.keys import DATA, DATA_END, MAP, data_key, is_value_key, key_range, owner, record_key
-from state.store import SliceStore
+from shardless.changelog.durable import DurableState
+from shardless.changelog.errors import ChangelogError
+from shardless.changelog.layout import Head
+from shardless.changelog.restore import materialize
+from shardless.state import encoding
+from shardless.state.keys import (
+    DATA,
+    DATA_END,
+    MAP,
+    data_key,
+    is_value_key,
+    key_range,
+    owner,
+    record_key,
+)
+from shardless.state.store import SliceStore
 
 
 class StateQueryError(ChangelogError):

@@ -32,7 +32,7 @@ from typing import Any
 
 import msgpack
 
-from changelog.errors import ConfigurationError
+from shardless.changelog.errors import ConfigurationError
 
 APP_PK = "app"
 META_SK = "meta"

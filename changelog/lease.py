@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from changelog import aws
-from changelog.layout import APP_PK, AppLocation, Head
+from shardless.changelog import aws
+from shardless.changelog.layout import APP_PK, AppLocation, Head
 
 LEASE_SK = "lease"
 DEFAULT_TTL_S = 60.0

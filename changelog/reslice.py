@@ -28,16 +28,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from changelog import resources
-from changelog.durable import DurableState
-from changelog.errors import ChangelogError
-from changelog.inspect import Digest, digest, opened
-from changelog.layout import AppLocation, Head, new_uid
-from changelog.restore import identity, materialize
-from changelog.snapshot import write_snapshot
-from state.keys import owner
-from state.slices import key_hash, slice_bounds, slice_of
-from state.store import SliceStore
+from shardless.changelog import resources
+from shardless.changelog.durable import DurableState
+from shardless.changelog.errors import ChangelogError
+from shardless.changelog.inspect import Digest, digest, opened
+from shardless.changelog.layout import AppLocation, Head, new_uid
+from shardless.changelog.restore import identity, materialize
+from shardless.changelog.snapshot import write_snapshot
+from shardless.state.keys import owner
+from shardless.state.slices import key_hash, slice_bounds, slice_of
+from shardless.state.store import SliceStore
 
 _BATCH = 10_000
 

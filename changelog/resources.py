@@ -7,9 +7,9 @@ from typing import Any
 
 from botocore.exceptions import ClientError, EndpointConnectionError
 
-from changelog import aws
-from changelog.errors import ConfigurationError
-from changelog.layout import APP_PK, FORMAT, META_SK, AppLocation
+from shardless.changelog import aws
+from shardless.changelog.errors import ConfigurationError
+from shardless.changelog.layout import APP_PK, FORMAT, META_SK, AppLocation
 
 _DENIED = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "403"}
 
@@ -61,7 +61,7 @@ def _ensure_bucket(loc: AppLocation) -> None:
             raise
 
 
-# An application's table: string keys `pk` and `sk` (`changelog.layout`), on demand.
+# An application's table: string keys `pk` and `sk` (`shardless.changelog.layout`), on demand.
 TABLE_SCHEMA: dict[str, Any] = {
     "KeySchema": [
         {"AttributeName": "pk", "KeyType": "HASH"},

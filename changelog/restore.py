@@ -13,7 +13,7 @@ slice's files are in, while the transfers of later slices go on. RocksDB holds P
 while it opens a store (it creates and fsyncs several files then), so transfer threads in
 the same process wait for every open; a restore with `durable.transfer_process_bytes` of
 snapshots or more therefore runs its transfers in the worker's helper process
-(`changelog.transfer_process`), the opens here. Opening only after the transfers would add
+(`shardless.changelog.transfer_process`), the opens here. Opening only after the transfers would add
 every open to the total.
 
 A slice whose open store only needs segments the host already has (another worker process
@@ -38,10 +38,10 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from changelog.durable import DurableState, section_range
-from changelog.errors import ContinuityError, CorruptObjectError, MissingObjectError
-from changelog.layout import Head, LogEntry, RestorePlan, plan_restore
-from changelog.snapshot import (
+from shardless.changelog.durable import DurableState, section_range
+from shardless.changelog.errors import ContinuityError, CorruptObjectError, MissingObjectError
+from shardless.changelog.layout import Head, LogEntry, RestorePlan, plan_restore
+from shardless.changelog.snapshot import (
     FILE_THREADS,
     IN_PROCESS,
     Manifest,
@@ -53,9 +53,9 @@ from changelog.snapshot import (
     missing,
     settle,
 )
-from changelog.transfer_process import in_helper, transfer_process
-from state.errors import CorruptStoreError
-from state.store import Change, SliceStore
+from shardless.changelog.transfer_process import in_helper, transfer_process
+from shardless.state.errors import CorruptStoreError
+from shardless.state.store import Change, SliceStore
 
 log = logging.getLogger(__name__)
 

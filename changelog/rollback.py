@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 from botocore.exceptions import ClientError
 
-from changelog import aws, fence, resources
-from changelog.durable import DurableState
-from changelog.errors import ChangelogError, CommitConflictError
-from changelog.layout import (
+from shardless.changelog import aws, fence, resources
+from shardless.changelog.durable import DurableState
+from shardless.changelog.errors import ChangelogError, CommitConflictError
+from shardless.changelog.layout import (
     HEAD_SK,
     TIMERS_UNKNOWN,
     AppLocation,
@@ -112,7 +112,7 @@ def apply(loc: AppLocation, rollback: RollbackPlan) -> int:
     the version the plan saw.
 
     First, the plan's query and every query whose commits move back are fenced
-    (`changelog.fence`): their checkpoints are past the point the state now stands at, so
+    (`shardless.changelog.fence`): their checkpoints are past the point the state now stands at, so
     restarted (or still running) they must not commit on top of the rolled-back heads."""
     durable = DurableState(loc)
     heads = durable.heads(sorted(rollback.moves))

@@ -18,8 +18,8 @@ from typing import Any
 
 import msgpack
 
-from changelog.errors import CorruptObjectError
-from state.store import Change
+from shardless.changelog.errors import CorruptObjectError
+from shardless.state.store import Change
 
 OBJECT_MAGIC = b"SHLG"
 SECTION_MAGIC = b"SHSC"

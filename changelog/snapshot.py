@@ -42,9 +42,9 @@ from typing import Any, Protocol
 import msgpack
 from botocore.exceptions import ClientError
 
-from changelog import aws
-from changelog.errors import CorruptObjectError, MissingObjectError
-from changelog.layout import AppLocation, SnapRef, manifest_key, new_uid, sst_key
+from shardless.changelog import aws
+from shardless.changelog.errors import CorruptObjectError, MissingObjectError
+from shardless.changelog.layout import AppLocation, SnapRef, manifest_key, new_uid, sst_key
 
 MANIFEST_MAGIC = b"SHMF"
 SST_MAGIC = b"SHST"

@@ -14,7 +14,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from changelog.errors import CommitConflictError
+from shardless.changelog.errors import CommitConflictError
 
 # DynamoDB's limit of items per transaction is 100: 99 heads and the query's fence check
 _SLICES_PER_TRANSACTION = 99

@@ -10,8 +10,8 @@ download in another process, 0.26 s.
 
 So a restore with many bytes of snapshots to fetch (`DurableState.transfer_process_bytes`,
 `TRANSFER_PROCESS_BYTES` by default, the `transfer_process_mb` setting) hands its transfers
-to a helper process, `python -m changelog.transfer_process`, started once per worker process
-and kept while the worker lives. The helper streams each SST object
+to a helper process, `python -m shardless.changelog.transfer_process`, started once per
+worker process and kept while the worker lives. The helper streams each SST object
 into its file with the checks of `snapshot.download_sst` (header, size, CRC-32) and answers
 with the bytes written, or fetches a small object (a manifest, a changelog section) and
 answers with its bytes, which this process verifies as it would its own. A refusal comes
@@ -69,10 +69,10 @@ from typing import Any, BinaryIO
 
 import msgpack
 
-from changelog import aws
-from changelog.errors import ChangelogError, CorruptObjectError, MissingObjectError
-from changelog.layout import AppLocation, SnapRef
-from changelog.snapshot import (
+from shardless.changelog import aws
+from shardless.changelog.errors import ChangelogError, CorruptObjectError, MissingObjectError
+from shardless.changelog.layout import AppLocation, SnapRef
+from shardless.changelog.snapshot import (
     FILE_THREADS,
     IN_PROCESS,
     OnBytes,
@@ -251,7 +251,7 @@ class TransferProcess:
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "changelog.transfer_process"],
+                [sys.executable, "-m", "shardless.changelog.transfer_process"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 env=env,

@@ -20,13 +20,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from changelog import resources
-from changelog.durable import DurableState
-from changelog.errors import ChangelogError
-from changelog.inspect import digest
-from changelog.layout import AppLocation, Head, RestorePlan, plan_restore
-from changelog.restore import identity, restore
-from changelog.snapshot import foreign_files, read_manifest, scan_sst
+from shardless.changelog import resources
+from shardless.changelog.durable import DurableState
+from shardless.changelog.errors import ChangelogError
+from shardless.changelog.inspect import digest
+from shardless.changelog.layout import AppLocation, Head, RestorePlan, plan_restore
+from shardless.changelog.restore import identity, restore
+from shardless.changelog.snapshot import foreign_files, read_manifest, scan_sst
 
 
 @dataclass

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from state import encoding, keys, timers, ttl
-from state.transaction import Transaction
+from shardless.state import encoding, keys, timers, ttl
+from shardless.state.transaction import Transaction
 
 _KINDS = {"processing": keys.PROCESSING, "event": keys.EVENT}
 _KIND_NAMES = {v: k for k, v in _KINDS.items()}
@@ -343,7 +343,7 @@ class Context:
         return self._values.watermark_ms
 
     def _bind(self, key: str, db_key: bytes | None = None) -> None:
-        # `processor.task._run_plain` inlines this: a view added here must be bound there
+        # `shardless.processor.task._run_plain` inlines this: a view added here must be bound there
         self.key = key
         self.state._bind(key, keys.data_key(key) if db_key is None else db_key)
         self.timers._key = key

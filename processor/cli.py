@@ -14,9 +14,9 @@ import re
 import sys
 from pathlib import Path
 
-from changelog.errors import ChangelogError
-from processor import local_aws, state_cli
-from processor.errors import ProcessorError
+from shardless.changelog.errors import ChangelogError
+from shardless.processor import local_aws, state_cli
+from shardless.processor.errors import ProcessorError
 
 STATE_FILE = Path(".shardless/local.json")
 
@@ -55,16 +55,16 @@ def default_checkpoint(app: str) -> str:
     """`<user state dir>/checkpoints/<app>`, under a private (0o700) `checkpoints` made
     now: `$XDG_STATE_HOME/shardless` or `~/.local/state/shardless`. (`app` is checked by
     `JobConfig` before anything is made under it.)"""
-    from processor.local_dirs import private_dir, user_state_dir
+    from shardless.processor.local_dirs import private_dir, user_state_dir
 
     return str(private_dir(user_state_dir() / "checkpoints") / app)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from processor.app import load_handler
-    from processor.config import JobConfig
-    from processor.job import console_sink, parquet_sink, start
-    from processor.spark import session
+    from shardless.processor.app import load_handler
+    from shardless.processor.config import JobConfig
+    from shardless.processor.job import console_sink, parquet_sink, start
+    from shardless.processor.spark import session
 
     handler = load_handler(args.app_file)
     cfg = JobConfig(
@@ -118,7 +118,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-_OUR_ERROR = re.compile(r"^\s*(?:processor|changelog|state)\.[\w.]+\.\w*(?:Error|Exception): (.+)$")
+_OUR_ERROR = re.compile(r"^\s*shardless\.[\w.]+\.\w*(?:Error|Exception): (.+)$")
 
 
 def our_error(text: str) -> str | None:
@@ -129,8 +129,8 @@ def our_error(text: str) -> str | None:
 
 
 def _produce(args: argparse.Namespace) -> int:
-    from changelog import aws
-    from processor.producer import ensure_stream, produce
+    from shardless.changelog import aws
+    from shardless.processor.producer import ensure_stream, produce
 
     kinesis = aws.client("kinesis")
     ensure_stream(kinesis, args.stream, args.shards)
@@ -140,7 +140,7 @@ def _produce(args: argparse.Namespace) -> int:
 
 
 def _demo(_: argparse.Namespace) -> int:
-    from processor import demo
+    from shardless.processor import demo
 
     return demo.main()
 

@@ -29,8 +29,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from changelog import aws
-from processor.errors import ConfigError, ProcessorError
+from shardless.changelog import aws
+from shardless.processor.errors import ConfigError, ProcessorError
 
 _PUT_RECORDS_MAX = 500
 _ATTEMPTS = 8

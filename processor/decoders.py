@@ -15,7 +15,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from processor.errors import ConfigError
+from shardless.processor.errors import ConfigError
 
 DECODERS = ("raw", "utf8", "json")
 ON_DECODE_ERROR = ("fail", "dead-letter", "raw")

@@ -22,15 +22,15 @@ from pathlib import Path
 
 import boto3
 
-from changelog.durable import DurableState
-from changelog.restore import materialize
-from processor import local_aws
-from processor.config import JobConfig
-from processor.job import BatchReport, parquet_sink, start
-from processor.kinesis.shards import stream_records
-from processor.producer import ensure_stream, produce
-from state import encoding
-from state.keys import record_key
+from shardless.changelog.durable import DurableState
+from shardless.changelog.restore import materialize
+from shardless.processor import local_aws
+from shardless.processor.config import JobConfig
+from shardless.processor.job import BatchReport, parquet_sink, start
+from shardless.processor.kinesis.shards import stream_records
+from shardless.processor.producer import ensure_stream, produce
+from shardless.state import encoding
+from shardless.state.keys import record_key
 
 log = logging.getLogger("shardless.demo")
 
@@ -112,8 +112,8 @@ def main() -> int:
 
 
 def _run(work: Path) -> int:
-    from processor.app import load_handler
-    from processor.spark import session
+    from shardless.processor.app import load_handler
+    from shardless.processor.spark import session
 
     kinesis = boto3.client("kinesis")
     stream = "demo-user-events"

@@ -20,8 +20,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from processor.api import Context, Event, Timer
-from processor.errors import AppError
+from shardless.processor.api import Context, Event, Timer
+from shardless.processor.errors import AppError
 
 
 def _noop(*_: Any) -> None:

@@ -1,4 +1,4 @@
-"""The driver's hold on its application's lease while a query runs (`changelog.lease`).
+"""The driver's hold on its application's lease while a query runs (`shardless.changelog.lease`).
 
 A daemon thread renews the lease every `ttl_s / 3` seconds while the query is active and
 releases it within about a second of the query stopping; a driver that dies simply stops
@@ -14,9 +14,9 @@ import threading
 import time
 from typing import Any
 
-from changelog import lease
-from changelog.durable import owner_name
-from changelog.layout import AppLocation
+from shardless.changelog import lease
+from shardless.changelog.durable import owner_name
+from shardless.changelog.layout import AppLocation
 
 log = logging.getLogger(__name__)
 

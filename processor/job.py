@@ -18,16 +18,16 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.streaming.state import GroupStateTimeout
 
-from changelog import aws, resources
-from changelog.errors import ConfigurationError
-from processor import heartbeat
-from processor.config import JobConfig
-from processor.errors import ConfigError
-from processor.grouping import group_keys
-from processor.handlers import HandlerFactory
-from processor.kinesis.shards import list_shards
-from processor.runtime import OUTPUT_SCHEMA, STATE_SCHEMA, GroupRunner, RuntimeConfig
-from state.encoding import format_code
+from shardless.changelog import aws, resources
+from shardless.changelog.errors import ConfigurationError
+from shardless.processor import heartbeat
+from shardless.processor.config import JobConfig
+from shardless.processor.errors import ConfigError
+from shardless.processor.grouping import group_keys
+from shardless.processor.handlers import HandlerFactory
+from shardless.processor.kinesis.shards import list_shards
+from shardless.processor.runtime import OUTPUT_SCHEMA, STATE_SCHEMA, GroupRunner, RuntimeConfig
+from shardless.state.encoding import format_code
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +56,9 @@ def prepare(cfg: JobConfig, spark: SparkSession | None = None) -> None:
     checkpoint that already planned a batch is resumed as it is (`spark` lets remote
     checkpoints be seen; without it only local paths are).
     """
-    from processor import recorder, takeover
-    from processor.kinesis.client import kinesis_client
-    from processor.kinesis.positions import is_committed
+    from shardless.processor import recorder, takeover
+    from shardless.processor.kinesis.client import kinesis_client
+    from shardless.processor.kinesis.positions import is_committed
 
     try:
         resources.ensure(cfg.location, cfg.slices)
@@ -102,7 +102,8 @@ def prepare(cfg: JobConfig, spark: SparkSession | None = None) -> None:
 
 
 def slice_column(partition_key: str, slices: int) -> Column:
-    """`processor.routing.route(key, None, slices)` for the column `partition_key`, in the JVM.
+    """`shardless.processor.routing.route(key, None, slices)` for the column
+    `partition_key`, in the JVM.
 
     The slice is `(h * slices) >> 128` for the MD5 `h` of the key's UTF-8 bytes: for a power
     of two `2**k`, the top k bits of `h`, read from its first 8 hex digits. Any other count
@@ -159,7 +160,7 @@ def outputs(
     Spark calls per group, built as `runner(handlers, RuntimeConfig)` (a benchmark swaps in
     one that does no state work).
     """
-    from processor import recorder
+    from shardless.processor import recorder
 
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
     layout = recorder.checkpoint_layout(spark, cfg.checkpoint)
@@ -198,7 +199,8 @@ def outputs(
             spark.readStream.format("shardless_kinesis").options(**cfg.source_options()).load()
         )
         # A new checkpoint's first batch wakes the slices whose timers are pending
-        # (`processor.timer_source`); the Kinesis source stays the first in the offset log.
+        # (`shardless.processor.timer_source`); the Kinesis source stays the first in the
+        # offset log.
         # A checkpoint written with the Kinesis source alone (before this source existed)
         # keeps its one source: Spark refuses a restart with another count, and its group
         # state holds its pending timers anyway.
@@ -309,8 +311,8 @@ def start(
 ) -> StreamingQuery:
     """Start the query. Each batch's outputs go to `sink` once the state is committed; then
     the batch's source positions are recorded as the application's progress
-    (`processor.progress`), which `--starting-position COMMITTED` continues from."""
-    from processor.recorder import Recorder
+    (`shardless.processor.progress`), which `--starting-position COMMITTED` continues from."""
+    from shardless.processor.recorder import Recorder
 
     prepare(cfg, spark)
     recorder = Recorder(spark, cfg.location, cfg.checkpoint, cfg.allow_recount, tuple(cfg.streams))

@@ -192,7 +192,15 @@ def start(
             "KINESIS_MOCK_PLAIN_PORT": str(kinesis_port),
             "KINESIS_MOCK_TLS_PORT": str(tls_port),
         }
-    moto_cmd = [sys.executable, "-m", "processor.moto_server", "-H", HOST, "-p", str(moto_port)]
+    moto_cmd = [
+        sys.executable,
+        "-m",
+        "shardless.processor.moto_server",
+        "-H",
+        HOST,
+        "-p",
+        str(moto_port),
+    ]
     try:
         moto_log, kinesis_log = logs / "moto.log", logs / f"{kinesis}.log"
         moto = _spawn(aws, moto_cmd, moto_log, {})

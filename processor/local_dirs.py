@@ -8,7 +8,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from processor.errors import ConfigError
+from shardless.processor.errors import ConfigError
 
 LOCAL_DIR_ENV = "SHARDLESS_LOCAL_DIR"
 

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from processor.decoders import DECODERS, ON_DECODE_ERROR, decoder
-from processor.errors import ConfigError
+from shardless.processor.decoders import DECODERS, ON_DECODE_ERROR, decoder
+from shardless.processor.errors import ConfigError
 
 ON_HANDLER_ERROR = ("fail", "dead-letter")
 MAX_HANDLER_RETRIES = 100

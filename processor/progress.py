@@ -26,8 +26,8 @@ Crash points of batch b of query Q (state commit by the slices → sink → this
 - before any slice commits: nothing to undo; a restart re-runs b.
 - some or all slices committed b, the record not written (the driver died, the sink or
   DynamoDB failed): restarted from its checkpoint, Q re-runs b and every slice that
-  committed b re-commits in place (`processor.runtime`). A NEW query started at COMMITTED
-  first rolls back every commit past the latest record (`processor.takeover`: Q's batches
+  committed b re-commits in place (`shardless.processor.runtime`). A NEW query started at COMMITTED
+  first rolls back every commit past the latest record (`shardless.processor.takeover`: Q's batches
   after the recorded one, and every query in `started`), then reads from its positions;
   so state counts each record once. Outputs of b that the sink had written are written
   again by the new query (at-least-once for that one batch: a sink that was never told
@@ -46,10 +46,10 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from changelog import aws, fence
-from changelog.layout import APP_PK, AppLocation, query_tag
-from processor.errors import ProcessorError
-from processor.kinesis import positions as pos
+from shardless.changelog import aws, fence
+from shardless.changelog.layout import APP_PK, AppLocation, query_tag
+from shardless.processor.errors import ProcessorError
+from shardless.processor.kinesis import positions as pos
 
 log = logging.getLogger(__name__)
 

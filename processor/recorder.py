@@ -7,11 +7,11 @@ import json
 import time
 from typing import Any
 
-from changelog.layout import AppLocation
-from processor import progress, takeover
-from processor.errors import ProcessorError
-from processor.kinesis import positions as pos
-from processor.kinesis.batch_log import BatchLog
+from shardless.changelog.layout import AppLocation
+from shardless.processor import progress, takeover
+from shardless.processor.errors import ProcessorError
+from shardless.processor.kinesis import positions as pos
+from shardless.processor.kinesis.batch_log import BatchLog
 
 IDLE_RECORD_S = 600.0  # an idle query refreshes its record (and `since`) this often
 

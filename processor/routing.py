@@ -12,7 +12,7 @@ too (`key_text`), so a key's records and its state stay in the slice that `route
 
 from __future__ import annotations
 
-from state.slices import HASH_SPACE, key_hash, slice_of, slices_overlapping
+from shardless.state.slices import HASH_SPACE, key_hash, slice_of, slices_overlapping
 
 __all__ = ["hash_key", "key_text", "route", "shard_slices", "slice_of"]
 

@@ -23,7 +23,7 @@ Spark's group state holds which slices of the group have pending timers and when
 next due; its processing-time timeout makes Spark call the group when no records arrive, so
 timers fire in idle slices too. Each slice's head keeps the same (`Head.next_timer`) as the
 durable index: a new checkpoint, which has no group state, wakes those slices in its first
-batch (`processor.timer_source`), and from then on Spark's timeout carries them.
+batch (`shardless.processor.timer_source`), and from then on Spark's timeout carries them.
 """
 
 from __future__ import annotations
@@ -46,21 +46,21 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from changelog.durable import DurableState, HeadConflictError, SliceCommit
-from changelog.layout import AppLocation, Head, SnapRef, new_uid, snapshot_due
-from changelog.snapshot import snapshot_pool, upload_checkpoint
-from changelog.transfer_process import TRANSFER_PROCESS_BYTES, transfer_process
-from processor.api import Event
-from processor.dead_letter import DeadLetter, target
-from processor.errors import ProcessorError
-from processor.grouping import slices_of_key
-from processor.handlers import HandlerFactory, handler_for
-from processor.owner import OWNER_IDLE_SECONDS
-from processor.policies import RecordPolicy
-from processor.stores import StoreCache, cache_for
-from processor.task import run_slice
-from state import encoding
-from state.transaction import Transaction
+from shardless.changelog.durable import DurableState, HeadConflictError, SliceCommit
+from shardless.changelog.layout import AppLocation, Head, SnapRef, new_uid, snapshot_due
+from shardless.changelog.snapshot import snapshot_pool, upload_checkpoint
+from shardless.changelog.transfer_process import TRANSFER_PROCESS_BYTES, transfer_process
+from shardless.processor.api import Event
+from shardless.processor.dead_letter import DeadLetter, target
+from shardless.processor.errors import ProcessorError
+from shardless.processor.grouping import slices_of_key
+from shardless.processor.handlers import HandlerFactory, handler_for
+from shardless.processor.owner import OWNER_IDLE_SECONDS
+from shardless.processor.policies import RecordPolicy
+from shardless.processor.stores import StoreCache, cache_for
+from shardless.processor.task import run_slice
+from shardless.state import encoding
+from shardless.state.transaction import Transaction
 
 log = logging.getLogger(__name__)
 
@@ -84,22 +84,22 @@ class RuntimeConfig:
     keep_snapshots: int = 3
     transfer_process_bytes: int | None = TRANSFER_PROCESS_BYTES
     # "worker": snapshots upload on threads of the process that runs the group; "helper": in
-    # the worker's helper process (`changelog.transfer_process`)
+    # the worker's helper process (`shardless.changelog.transfer_process`)
     snapshot_uploads: str = "worker"
     value_format: int = encoding.MSGPACK
     allow_pickle: bool = False
     timer_poll_ms: int = 1000
-    # Record columns Spark does not send, as `processor.job.as_records` declares them: the
+    # Record columns Spark does not send, as `shardless.processor.job.as_records` declares them: the
     # same value for every record, or None for `sequence_number`: the string of
     # `stream_order`.
     fixed_columns: dict[str, Any] = field(default_factory=dict)
     # the decoder and what to do with records that cannot be decoded or processed
     policy: RecordPolicy = field(default_factory=RecordPolicy)
-    # where records set aside go (`processor.dead_letter.target`); None: the application's
+    # where records set aside go (`shardless.processor.dead_letter.target`); None: the application's
     # bucket under `<prefix>/dead-letter`
     dead_letter: str | None = None
     # "worker": the Python worker Spark hands the group runs it with its own stores;
-    # "process": the group's owner process on this host does (`processor.owner`)
+    # "process": the group's owner process on this host does (`shardless.processor.owner`)
     group_owner: str = "worker"
     owner_idle_seconds: int = OWNER_IDLE_SECONDS
     # the shuffle partitions the job laid its group keys out for: a group then refuses
@@ -178,7 +178,7 @@ def _column(pdf: pd.DataFrame, name: str, order: np.ndarray, fixed: dict[str, An
 @dataclass
 class _Input:
     """A group's records sorted into slices in stream order: each slice's span of events,
-    and the slices woken to look for timers (`processor.timer_source`)."""
+    and the slices woken to look for timers (`shardless.processor.timer_source`)."""
 
     records: int
     events: list[Event]
@@ -338,10 +338,10 @@ class GroupRunner:
         return {k: v for k, v in self.__dict__.items() if k != "_blob"}
 
     def _in_owner(self, args: tuple) -> tuple[pd.DataFrame, Pending]:
-        """Run the batch in the group's owner process on this host (`processor.owner`)."""
+        """Run the batch in the group's owner process on this host (`shardless.processor.owner`)."""
         from pyspark import cloudpickle
 
-        from processor import owner
+        from shardless.processor import owner
 
         blob = self.__dict__.get("_blob")
         if blob is None:

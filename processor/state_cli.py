@@ -11,7 +11,7 @@ service, a conflict); 3 refused because the application looks running (see `--fo
 Commands that change state (`rollback`, `reslice`, `gc --delete`) are dry runs unless
 told otherwise, and refuse while the application's lease is held or its slices committed
 recently; `gc --delete` runs beside a job when its grace period is at least
-`gc.RUNNING_GRACE_S` (see `changelog.gc` for why that is safe).
+`gc.RUNNING_GRACE_S` (see `shardless.changelog.gc` for why that is safe).
 """
 
 from __future__ import annotations
@@ -25,17 +25,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from changelog import gc, lease, reslice, resources, rollback, verify
-from changelog.durable import DurableState
-from changelog.errors import ChangelogError
-from changelog.inspect import StateQueryError, entries, jsonable, keys_of, opened
-from changelog.layout import AppLocation, Head
-from changelog.restore import materialize
-from processor import progress, state_export, takeover
-from processor.errors import ProcessorError
-from processor.progress_bar import Bar
-from processor.routing import route
-from processor.state_select import latest_query, parse_slices, targets
+from shardless.changelog import gc, lease, reslice, resources, rollback, verify
+from shardless.changelog.durable import DurableState
+from shardless.changelog.errors import ChangelogError
+from shardless.changelog.inspect import StateQueryError, entries, jsonable, keys_of, opened
+from shardless.changelog.layout import AppLocation, Head
+from shardless.changelog.restore import materialize
+from shardless.processor import progress, state_export, takeover
+from shardless.processor.errors import ProcessorError
+from shardless.processor.progress_bar import Bar
+from shardless.processor.routing import route
+from shardless.processor.state_select import latest_query, parse_slices, targets
 
 EXIT_FOUND_PROBLEM = 1
 EXIT_RUNNING = 3
@@ -433,7 +433,7 @@ def _reslice(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     if args.json:  # stdout carries one JSON object; logs stay on stderr but quieter
-        logging.getLogger("changelog").setLevel(logging.WARNING)
+        logging.getLogger("shardless.changelog").setLevel(logging.WARNING)
     try:
         return args.state_func(args)
     except (ProcessorError, ChangelogError) as exc:

@@ -19,9 +19,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from changelog.durable import DurableState
-from changelog.inspect import Entry, entries, opened
-from changelog.layout import Head
+from shardless.changelog.durable import DurableState
+from shardless.changelog.inspect import Entry, entries, opened
+from shardless.changelog.layout import Head
 
 FORMATS = ("parquet", "jsonl")
 SCHEMA = pa.schema(

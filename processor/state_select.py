@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from changelog import rollback
-from changelog.inspect import StateQueryError
-from changelog.layout import AppLocation, Head, query_tag
+from shardless.changelog import rollback
+from shardless.changelog.inspect import StateQueryError
+from shardless.changelog.layout import AppLocation, Head, query_tag
 
 
 def parse_slices(spec: str | None, slices: int) -> list[int]:

@@ -27,11 +27,11 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from changelog import resources
-from changelog.durable import DurableState
-from changelog.inspect import entries, jsonable, opened
-from changelog.layout import AppLocation, Head
-from processor.state_select import parse_slices, targets
+from shardless.changelog import resources
+from shardless.changelog.durable import DurableState
+from shardless.changelog.inspect import entries, jsonable, opened
+from shardless.changelog.layout import AppLocation, Head
+from shardless.processor.state_select import parse_slices, targets
 
 SCHEMA = "slice int, key string, sub string, value string, version long"
 

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import msgpack
 
-from changelog.durable import DurableState, owner_name
-from changelog.layout import Head, head_from_item, head_item
-from changelog.restore import (
+from shardless.changelog.durable import DurableState, owner_name
+from shardless.changelog.layout import Head, head_from_item, head_item
+from shardless.changelog.restore import (
     Progress,
     RestoreJob,
     RestoreStats,
@@ -41,9 +41,9 @@ from changelog.restore import (
     restore,
     restore_many,
 )
-from processor.local_dirs import private_dir
-from state.errors import CorruptStoreError
-from state.store import SliceStore
+from shardless.processor.local_dirs import private_dir
+from shardless.state.errors import CorruptStoreError
+from shardless.state.store import SliceStore
 
 log = logging.getLogger(__name__)
 

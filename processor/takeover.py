@@ -6,10 +6,10 @@ At its first batch, before anything is committed, a driver run registers its que
 latest progress record and fences every query that could continue from it; a new
 checkpoint at its own starting position on state of its streams is refused unless it may
 count records again. Every query that begins joins the application's lineage
-(`changelog.fence`), which roll-backs cut by. A COMMITTED start first fences the queries
+(`shardless.changelog.fence`), which roll-backs cut by. A COMMITTED start first fences the queries
 that could still be running and undoes the commits past the latest record
 (`committed_start`); a roll-back leaves the progress record agreeing with the state
-(`after_rollback`). The records themselves are `processor.progress`.
+(`after_rollback`). The records themselves are `shardless.processor.progress`.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from changelog import aws, fence, resources, rollback
-from changelog.durable import DurableState
-from changelog.layout import AppLocation
-from processor.errors import ConfigError, ProcessorError
-from processor.kinesis import positions as pos
-from processor.progress import (
+from shardless.changelog import aws, fence, resources, rollback
+from shardless.changelog.durable import DurableState
+from shardless.changelog.layout import AppLocation
+from shardless.processor.errors import ConfigError, ProcessorError
+from shardless.processor.kinesis import positions as pos
+from shardless.processor.progress import (
     LATEST_SK,
     Progress,
     at_batch,

@@ -9,14 +9,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from processor.api import Context, Event, Timer
-from processor.dead_letter import DeadLetter
-from processor.decoders import describe
-from processor.errors import ProcessorError
-from processor.handlers import SliceHandler
-from processor.policies import RecordPolicy
-from state import keys, timers, ttl
-from state.transaction import Transaction
+from shardless.processor.api import Context, Event, Timer
+from shardless.processor.dead_letter import DeadLetter
+from shardless.processor.decoders import describe
+from shardless.processor.errors import ProcessorError
+from shardless.processor.handlers import SliceHandler
+from shardless.processor.policies import RecordPolicy
+from shardless.state import keys, timers, ttl
+from shardless.state.transaction import Transaction
 
 log = logging.getLogger(__name__)
 

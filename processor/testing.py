@@ -1,6 +1,6 @@
 """Test a handler without Spark or AWS, on the same state and timer code that runs in a job.
 
-    from processor.testing import TestDriver
+    from shardless.processor.testing import TestDriver
 
     driver = TestDriver(process)                  # or a handler class, or an app file path
     driver.send("user-1", {"action": "view"})
@@ -22,17 +22,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from processor.api import Event, Timer
-from processor.app import load_handler
-from processor.dead_letter import DeadLetter
-from processor.handlers import HandlerFactory
-from processor.policies import RecordPolicy
-from processor.routing import route
-from processor.task import run_slice
-from state import encoding, keys, timers, ttl
-from state.slices import DEFAULT_SLICES
-from state.store import SliceStore
-from state.transaction import Transaction
+from shardless.processor.api import Event, Timer
+from shardless.processor.app import load_handler
+from shardless.processor.dead_letter import DeadLetter
+from shardless.processor.handlers import HandlerFactory
+from shardless.processor.policies import RecordPolicy
+from shardless.processor.routing import route
+from shardless.processor.task import run_slice
+from shardless.state import encoding, keys, timers, ttl
+from shardless.state.slices import DEFAULT_SLICES
+from shardless.state.store import SliceStore
+from shardless.state.transaction import Transaction
 
 
 class TestDriver:

@@ -23,11 +23,11 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 
-from changelog.durable import DurableState
-from changelog.layout import AppLocation
-from processor.errors import ConfigError
-from processor.kinesis.rows import ARROW_SCHEMA, SCHEMA
-from state.slices import check_slices
+from shardless.changelog.durable import DurableState
+from shardless.changelog.layout import AppLocation
+from shardless.processor.errors import ConfigError
+from shardless.processor.kinesis.rows import ARROW_SCHEMA, SCHEMA
+from shardless.state.slices import check_slices
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)  # never moves the watermark
 

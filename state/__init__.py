@@ -3,10 +3,10 @@
 `state` knows nothing of S3, Spark or Kinesis; `changelog` and `processor` build on it.
 """
 
-from state.errors import CorruptStoreError, EncodingError, StateError
-from state.slices import DEFAULT_SLICES, slice_bounds, slice_of
-from state.store import SliceStore
-from state.transaction import Transaction
+from shardless.state.errors import CorruptStoreError, EncodingError, StateError
+from shardless.state.slices import DEFAULT_SLICES, slice_bounds, slice_of
+from shardless.state.store import SliceStore
+from shardless.state.transaction import Transaction
 
 __all__ = [
     "DEFAULT_SLICES",

@@ -19,7 +19,7 @@ from typing import Any
 
 import msgpack
 
-from state.errors import EncodingError
+from shardless.state.errors import EncodingError
 
 MSGPACK = 0x01
 JSON = 0x02
@@ -38,7 +38,7 @@ def _no_ext(code: int, data: bytes) -> Any:
 
 # The per-record path's two halves, in C. One Packer: building one per call costs most of a
 # small pack; its pack() runs without releasing the GIL, so threads cannot interleave
-# inside it. `processor.api.KeyedState` calls them directly to save a Python call per
+# inside it. `shardless.processor.api.KeyedState` calls them directly to save a Python call per
 # record: a value that fails either, or is too large, must then go on to
 # `encode_msgpack`/`decode_msgpack` for its error.
 pack_msgpack: Callable[[Any], bytes] = msgpack.Packer(use_bin_type=True, datetime=False).pack

@@ -15,8 +15,8 @@ from pathlib import Path
 import msgpack
 from rocksdict import BlockBasedOptions, Checkpoint, Options, Rdict, ReadOptions, WriteBatch
 
-from state.errors import CorruptStoreError
-from state.keys import (
+from shardless.state.errors import CorruptStoreError
+from shardless.state.keys import (
     DATA,
     DATA_END,
     IDENTITY_KEY,

@@ -9,7 +9,7 @@ RocksDB, and scans that start at the floor skip them instead of walking over the
 
 from __future__ import annotations
 
-from state.keys import (
+from shardless.state.keys import (
     META,
     TIMERS,
     key_timer_key,
@@ -19,7 +19,7 @@ from state.keys import (
     timer_key,
     timers_due,
 )
-from state.transaction import Transaction
+from shardless.state.transaction import Transaction
 
 _MAX_TS = (1 << 64) - 2
 _FLOOR = META + b"timer-floor/"

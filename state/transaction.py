@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from state.keys import DATA, DATA_END
-from state.store import Change, SliceStore
+from shardless.state.keys import DATA, DATA_END
+from shardless.state.store import Change, SliceStore
 
 _DATA_BYTE = DATA[0]
 

@@ -7,9 +7,9 @@ grow without limit.
 
 from __future__ import annotations
 
-from state import encoding
-from state.keys import EVENT, PROCESSING, expiries_due, expiry_key, parse_expiry_key
-from state.transaction import Transaction
+from shardless.state import encoding
+from shardless.state.keys import EVENT, PROCESSING, expiries_due, expiry_key, parse_expiry_key
+from shardless.state.transaction import Transaction
 
 
 def is_expired(raw: bytes, now_ms: int, watermark_ms: int) -> bool:

@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator
 import boto3
 import pytest
 
-from changelog import resources
-from changelog.layout import AppLocation
-from processor import local_aws
+from shardless.changelog import resources
+from shardless.changelog.layout import AppLocation
+from shardless.processor import local_aws
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +37,7 @@ def aws(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_aws.LocalAws
 
 @pytest.fixture(scope="session")
 def spark(aws: local_aws.LocalAws):  # noqa: ANN201
-    from processor.spark import session
+    from shardless.processor.spark import session
 
     s = session("local[2]", groups=4, app_name="shardless-tests")
     yield s
@@ -50,16 +50,16 @@ def _close_slice_stores() -> Iterator[None]:
     each test's application gets its own cache, and open RocksDB files would otherwise
     pile up past the 1024 descriptors that py4j's select() can watch."""
     yield
-    from processor.stores import close_caches
+    from shardless.processor.stores import close_caches
 
     close_caches()
 
 
 @pytest.fixture
 def transfer_helper():  # noqa: ANN201
-    """A new helper process (`changelog.transfer_process`), ready, stopped afterwards; the
+    """A new helper process (`shardless.changelog.transfer_process`), ready, stopped afterwards; the
     test points the module under test at it."""
-    from changelog.transfer_process import TransferProcess
+    from shardless.changelog.transfer_process import TransferProcess
 
     tp = TransferProcess()
     assert tp.wait_ready(60)
@@ -112,7 +112,7 @@ import os
 os.environ.update(AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="x", AWS_DEFAULT_REGION="us-east-1")
 import boto3
 from moto import mock_aws
-from processor import moto_server
+from shardless.processor import moto_server
 moto_server._patch()
 
 
@@ -126,7 +126,7 @@ def hash_table(ddb, name="t"):
 @pytest.fixture
 def in_process_moto() -> Callable[[str], list[str]]:
     """Run a Python script in a subprocess whose moto runs in-process (`mock_aws`) with
-    `processor.moto_server`'s fixes (they patch moto's modules, so not in this process);
+    `shardless.processor.moto_server`'s fixes (they patch moto's modules, so not in this process);
     returns the words it printed. The script starts with `boto3`, `mock_aws`, fake
     credentials and `hash_table(ddb, name="t")` (a table keyed by `pk` alone) in place.
     The session's emulator endpoints are left out of its environment: a request sent to

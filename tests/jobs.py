@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from changelog.layout import AppLocation
-from processor.config import JobConfig
+from shardless.changelog.layout import AppLocation
+from shardless.processor.config import JobConfig
 
 
 def job_config(
@@ -42,6 +42,6 @@ def capture_cli_starts(monkeypatch: Any) -> list[JobConfig]:
         seen.append(cfg)
         return Query()
 
-    monkeypatch.setattr("processor.job.start", fake_start)
-    monkeypatch.setattr("processor.spark.session", lambda *a, **k: None)
+    monkeypatch.setattr("shardless.processor.job.start", fake_start)
+    monkeypatch.setattr("shardless.processor.spark.session", lambda *a, **k: None)
     return seen

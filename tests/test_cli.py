@@ -1,4 +1,4 @@
-"""The `shardless` command line, called in-process through `processor.cli.main`."""
+"""The `shardless` command line, called in-process through `shardless.processor.cli.main`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from processor import cli, local_aws
+from shardless.processor import cli, local_aws
 from tests.test_local_aws import _alive
 
 
@@ -137,34 +137,32 @@ def test_refused_local_up_writes_nothing_to_stdout(
     ],
 )
 def test_snapshot_options_are_checked(option, value, message):
-    from processor.config import JobConfig
-    from processor.errors import ConfigError
+    from shardless.processor.config import JobConfig
+    from shardless.processor.errors import ConfigError
 
     with pytest.raises(ConfigError, match=message):
         JobConfig(app="a", streams=("s",), checkpoint="/tmp/c", **{option: value})
 
 
 def test_the_cause_of_a_failed_run_is_the_last_shardless_error_in_sparks_text():
-    from processor.cli import our_error
+    from shardless.processor.cli import our_error
 
     text = """pyspark.errors.exceptions.captured.StreamingQueryException: [STREAM_FAILED] ...
 Traceback (most recent call last):
   File "/x/processor/task.py", line 70, in run_slice
 ValueError: boom
 The above exception was the direct cause of the following exception:
-processor.errors.ProcessorError: handler failed on record s/shardId-0/1.0: ValueError: boom
+shardless.processor.errors.ProcessorError: handler failed on s/0/1: ValueError: boom
 	at org.apache.spark.api.python.BasePythonRunner...
-processor.dead_letter.DeadLetterError: cannot write 2 dead letters to s3://b/k: NoSuchBucket
+shardless.processor.dead_letter.DeadLetterError: cannot write 2 dead letters: NoSuchBucket
 """
-    assert our_error(text) == "cannot write 2 dead letters to s3://b/k: NoSuchBucket"
-    assert our_error(text.rsplit("\n", 2)[0]) == (
-        "handler failed on record s/shardId-0/1.0: ValueError: boom"
-    )
+    assert our_error(text) == "cannot write 2 dead letters: NoSuchBucket"
+    assert our_error(text.rsplit("\n", 2)[0]) == ("handler failed on s/0/1: ValueError: boom")
     assert our_error("java.lang.RuntimeException: nothing of ours") is None
 
 
 def test_run_leaves_the_master_to_spark_submit_unless_given(monkeypatch):
-    from processor import spark as spark_mod
+    from shardless.processor import spark as spark_mod
 
     assert cli.parser().parse_args(["run", "app.py", "--app", "a", "--stream", "s"]).master is None
     monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1234")

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from bench import commit_latency
-from changelog import aws as clients
-from changelog import durable as durable_module
+from shardless.changelog import aws as clients
+from shardless.changelog import durable as durable_module
 
 
 class InFlight:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from changelog.layout import (
+from shardless.changelog.layout import (
     Head,
     LogEntry,
     SnapRef,

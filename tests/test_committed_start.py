@@ -2,7 +2,7 @@
 application's state exactly once, including after a driver died between a batch's state
 commit and its progress record.
 
-The first tests drive `processor.progress` against moto (records, fencing, undo of commits
+The first tests drive `shardless.processor.progress` against moto (records, fencing, undo of commits
 past the progress); the slow ones run the real job (Spark, kinesalite, moto over HTTP) and
 compare state and outputs with a plain-Python fold of the whole stream.
 """
@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from changelog import resources
-from changelog.durable import DurableState, SliceCommit
-from changelog.layout import AppLocation
-from processor import demo, progress, takeover
-from processor.app import load_handler
-from processor.config import JobConfig
-from processor.errors import ConfigError, ProcessorError
-from processor.job import BatchReport, parquet_sink, prepare, start
+from shardless.changelog import resources
+from shardless.changelog.durable import DurableState, SliceCommit
+from shardless.changelog.layout import AppLocation
+from shardless.processor import demo, progress, takeover
+from shardless.processor.app import load_handler
+from shardless.processor.config import JobConfig
+from shardless.processor.errors import ConfigError, ProcessorError
+from shardless.processor.job import BatchReport, parquet_sink, prepare, start
 from tests.test_end_to_end import APP, produce
 
 POSITIONS = {

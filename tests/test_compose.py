@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from processor.cli import parser
+from shardless.processor.cli import parser
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())

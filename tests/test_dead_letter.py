@@ -9,11 +9,17 @@ import uuid
 import boto3
 import pytest
 
-from processor import dead_letter
-from processor.dead_letter import DeadLetter, DeadLetterError, KinesisTarget, S3Target, target
-from processor.decoders import decoder, describe
-from processor.errors import ConfigError
-from processor.fault_proxy import FaultProxy, Rule
+from shardless.processor import dead_letter
+from shardless.processor.dead_letter import (
+    DeadLetter,
+    DeadLetterError,
+    KinesisTarget,
+    S3Target,
+    target,
+)
+from shardless.processor.decoders import decoder, describe
+from shardless.processor.errors import ConfigError
+from shardless.processor.fault_proxy import FaultProxy, Rule
 
 
 def letters(n: int) -> list[DeadLetter]:

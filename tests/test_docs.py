@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from processor import cli
-from processor.config import JobConfig
-from processor.kinesis import source
+from shardless.processor import cli
+from shardless.processor.config import JobConfig
+from shardless.processor.kinesis import source
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

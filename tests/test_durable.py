@@ -12,10 +12,15 @@ from botocore.exceptions import ClientError, ParamValidationError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from changelog import aws, resources
-from changelog import durable as durable_module
-from changelog.durable import DurableState, HeadConflictError, SliceCommit, transaction_chunks
-from changelog.errors import (
+from shardless.changelog import aws, resources
+from shardless.changelog import durable as durable_module
+from shardless.changelog.durable import (
+    DurableState,
+    HeadConflictError,
+    SliceCommit,
+    transaction_chunks,
+)
+from shardless.changelog.errors import (
     CommitConflictError,
     ConfigurationError,
     ContinuityError,
@@ -23,11 +28,11 @@ from changelog.errors import (
     MissingObjectError,
     ThrottledError,
 )
-from changelog.layout import AppLocation
-from changelog.restore import identity, materialize, restore
-from changelog.snapshot import manifests, read_manifest, write_snapshot
-from processor.fault_proxy import FaultProxy, Rule
-from state.store import SliceStore
+from shardless.changelog.layout import AppLocation
+from shardless.changelog.restore import identity, materialize, restore
+from shardless.changelog.snapshot import manifests, read_manifest, write_snapshot
+from shardless.processor.fault_proxy import FaultProxy, Rule
+from shardless.state.store import SliceStore
 
 SLICES = 16
 
@@ -289,7 +294,7 @@ def test_a_commit_after_a_claim_by_a_tool_is_refused(location):
 
 
 def test_changes_are_read_from_the_local_segment_cache_first(location, tmp_path, monkeypatch):
-    from changelog import durable as durable_module
+    from shardless.changelog import durable as durable_module
 
     monkeypatch.setattr(durable_module, "SEGMENT_CACHE_FILES", 2)
     cached = DurableState(location, segment_cache=tmp_path / "segments")
@@ -445,7 +450,7 @@ def test_with_one_transaction_at_a_time_the_first_loss_stops_the_rest(wide, monk
 
 
 def test_a_commit_failing_two_ways_raises_the_unexpected_error_and_notes_the_losers():
-    from changelog.transactions import combined_failure
+    from shardless.changelog.transactions import combined_failure
 
     throttled = ClientError({"Error": {"Code": "ThrottlingException"}}, "TransactWriteItems")
     lost = HeadConflictError("slices [3] lost", [3])
@@ -532,8 +537,8 @@ def test_the_pause_before_asking_again_grows_and_is_bounded():
 def test_a_commit_past_its_deadline_refuses_to_reference_its_uploads(location, monkeypatch):
     """A task that stalls between its uploads and its commit must not reference objects
     that gc beside the running job may have deleted meanwhile."""
-    from changelog import gc
-    from changelog.errors import CommitTooLateError
+    from shardless.changelog import gc
+    from shardless.changelog.errors import CommitTooLateError
 
     assert 2 * durable_module.COMMIT_DEADLINE_S <= gc.RUNNING_GRACE_S
     durable = DurableState(location)

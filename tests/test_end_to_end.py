@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from processor import demo
-from processor.app import load_handler
-from processor.config import JobConfig
-from processor.errors import ConfigError
-from processor.job import BatchReport, parquet_sink, prepare, start
+from shardless.processor import demo
+from shardless.processor.app import load_handler
+from shardless.processor.config import JobConfig
+from shardless.processor.errors import ConfigError
+from shardless.processor.job import BatchReport, parquet_sink, prepare, start
 from tests.jobs import job_config
 
 pytestmark = pytest.mark.slow
@@ -110,7 +110,7 @@ def test_timers_fire_in_slices_that_receive_no_more_records(
 ):
     """A continuous query: Spark's processing-time timeout calls idle groups, so a timer
     set by a record fires in a later batch that holds no records at all."""
-    from processor.handlers import HandlerFactory
+    from shardless.processor.handlers import HandlerFactory
 
     def process(event, ctx):
         ctx.timers.set(ctx.now_ms + 1500)
@@ -158,7 +158,7 @@ def test_timers_fire_in_slices_that_receive_no_more_records(
 def test_cli_run_reports_a_failing_handler_in_one_line(
     spark, kinesis, make_stream, location, tmp_path, capsys
 ):
-    from processor import cli
+    from shardless.processor import cli
 
     stream = make_stream(1)
     kinesis.put_record(StreamName=stream, PartitionKey="k", Data=b"{}")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from processor.api import Timer
-from processor.testing import TestDriver
+from shardless.processor.api import Timer
+from shardless.processor.testing import TestDriver
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 START = 1_700_000_000_000
@@ -420,7 +420,7 @@ def test_enrichment_matches_a_model_on_random_input(seed):
 
 
 def shardless(*argv: str) -> None:
-    from processor import cli
+    from shardless.processor import cli
 
     assert cli.main(list(argv)) == 0, argv
 
@@ -428,7 +428,7 @@ def shardless(*argv: str) -> None:
 def stream_records(kinesis, stream: str) -> list[tuple[str, dict, int]]:  # noqa: ANN001
     """Every record of the stream as (partition key, JSON data, arrival ms), read with plain
     boto3; each shard's records in order, so each key's records are in produce order."""
-    from processor.kinesis.shards import stream_records as records
+    from shardless.processor.kinesis.shards import stream_records as records
 
     return [
         (

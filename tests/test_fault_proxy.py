@@ -17,7 +17,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 from botocore.retries.standard import ExponentialBackoff
 
-from processor.fault_proxy import (
+from shardless.processor.fault_proxy import (
     Call,
     FaultProxy,
     Rule,
@@ -25,7 +25,7 @@ from processor.fault_proxy import (
     error_answer,
     unprocessed_answer,
 )
-from processor.local_aws import LocalAws
+from shardless.processor.local_aws import LocalAws
 
 
 @pytest.fixture(autouse=True)

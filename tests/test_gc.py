@@ -10,10 +10,10 @@ from collections import Counter
 import boto3
 import pytest
 
-from changelog import gc
-from changelog.durable import DurableState
-from changelog.errors import MissingObjectError
-from changelog.restore import materialize
+from shardless.changelog import gc
+from shardless.changelog.durable import DurableState
+from shardless.changelog.errors import MissingObjectError
+from shardless.changelog.restore import materialize
 from tests.test_runtime import KEYS, SLICES, durable_counts, frame, runner
 
 HOUR_MS = 3600 * 1000
@@ -108,7 +108,7 @@ def test_the_pending_list_is_read_with_s3s_checksum(location, tmp_path):
     """The pending list is the one object shardless reads back without a checksum of its
     own, and shardless's client leaves response checksums to the caller: the read asks S3
     for the object's CRC, which botocore then checks."""
-    from changelog import aws
+    from shardless.changelog import aws
 
     run_batches(location, tmp_path, range(3))
     gc.collect(location, SLICES, grace_s=3600, dry_run=False)  # records a pending list

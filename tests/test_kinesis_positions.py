@@ -8,14 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from processor.errors import ConfigError
-from processor.kinesis.positions import (
+from shardless.processor.errors import ConfigError
+from shardless.processor.kinesis.positions import (
     advance,
     initial_position,
     iterator_args,
     sequence_sort_key,
 )
-from processor.kinesis.shards import Shard, depths, readable
+from shardless.processor.kinesis.shards import Shard, depths, readable
 
 STREAM = "events"
 TOP = str(2**128 - 1)

@@ -14,13 +14,13 @@ from collections.abc import Callable
 
 import pytest
 
-from changelog.layout import AppLocation
-from processor.errors import SourceError
-from processor.kinesis import positions, reader
-from processor.kinesis.batch_log import BatchLog
-from processor.kinesis.reader import ShardRead, read_shard
-from processor.kinesis.shards import list_shards, readable
-from processor.kinesis.source import kinesis_client
+from shardless.changelog.layout import AppLocation
+from shardless.processor.errors import SourceError
+from shardless.processor.kinesis import positions, reader
+from shardless.processor.kinesis.batch_log import BatchLog
+from shardless.processor.kinesis.reader import ShardRead, read_shard
+from shardless.processor.kinesis.shards import list_shards, readable
+from shardless.processor.kinesis.source import kinesis_client
 
 TRIM_HORIZON = {"type": "TRIM_HORIZON"}
 MAX_BYTES = 10 * 1024 * 1024

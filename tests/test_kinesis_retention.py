@@ -20,14 +20,14 @@ from collections.abc import Iterator
 import boto3
 import pytest
 
-from changelog.layout import AppLocation
-from processor import local_aws
-from processor.errors import SourceError
-from processor.kinesis import positions, reader
-from processor.kinesis.batch_log import BatchLog
-from processor.kinesis.reader import ShardRead, read_shard
-from processor.kinesis.shards import Shard, vanished
-from processor.kinesis.source import KinesisStreamReader
+from shardless.changelog.layout import AppLocation
+from shardless.processor import local_aws
+from shardless.processor.errors import SourceError
+from shardless.processor.kinesis import positions, reader
+from shardless.processor.kinesis.batch_log import BatchLog
+from shardless.processor.kinesis.reader import ShardRead, read_shard
+from shardless.processor.kinesis.shards import Shard, vanished
+from shardless.processor.kinesis.source import KinesisStreamReader
 
 JUMP_S = 25 * 3600
 TRIM_HORIZON = {"type": "TRIM_HORIZON"}

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from changelog.layout import AppLocation
-from processor.handlers import HandlerFactory
-from processor.job import start
-from processor.routing import route
+from shardless.changelog.layout import AppLocation
+from shardless.processor.handlers import HandlerFactory
+from shardless.processor.job import start
+from shardless.processor.routing import route
 from tests.jobs import job_config
 
 pytestmark = pytest.mark.slow

@@ -10,10 +10,10 @@ from collections import Counter
 
 import pytest
 
-from processor.errors import ConfigError
-from processor.faults.proxy import PartialFailure, Proxy
-from processor.kinesis.shards import stream_records
-from processor.kinesis_sink import (
+from shardless.processor.errors import ConfigError
+from shardless.processor.faults.proxy import PartialFailure, Proxy
+from shardless.processor.kinesis.shards import stream_records
+from shardless.processor.kinesis_sink import (
     MAX_BYTES_PER_CALL,
     MAX_RECORDS_PER_CALL,
     KinesisSinkError,

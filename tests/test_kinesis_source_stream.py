@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from changelog.layout import AppLocation
-from processor.routing import route
+from shardless.changelog.layout import AppLocation
+from shardless.processor.routing import route
 
 pytestmark = pytest.mark.slow
 

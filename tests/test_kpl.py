@@ -14,12 +14,18 @@ from aws_kinesis_agg.aggregator import RecordAggregator
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from changelog.layout import AppLocation
-from processor.errors import SourceError
-from processor.kinesis import reader
-from processor.kinesis.batch_log import BatchLog
-from processor.kinesis.kpl import MAGIC, CorruptAggregate, UserRecord, deaggregate, is_aggregated
-from processor.kinesis.reader import ShardRead, read_shard
+from shardless.changelog.layout import AppLocation
+from shardless.processor.errors import SourceError
+from shardless.processor.kinesis import reader
+from shardless.processor.kinesis.batch_log import BatchLog
+from shardless.processor.kinesis.kpl import (
+    MAGIC,
+    CorruptAggregate,
+    UserRecord,
+    deaggregate,
+    is_aggregated,
+)
+from shardless.processor.kinesis.reader import ShardRead, read_shard
 
 TOP = 2**128 - 1
 

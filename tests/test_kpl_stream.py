@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from aws_kinesis_agg.aggregator import RecordAggregator
 
-from changelog.layout import AppLocation
-from processor.routing import hash_key, route
+from shardless.changelog.layout import AppLocation
+from shardless.processor.routing import hash_key, route
 
 pytestmark = pytest.mark.slow
 

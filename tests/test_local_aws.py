@@ -11,7 +11,7 @@ import boto3
 import pytest
 from botocore.client import BaseClient
 
-from processor.local_aws import LocalAws, LocalAwsError, start
+from shardless.processor.local_aws import LocalAws, LocalAwsError, start
 
 # Variables that could steer boto3 away from the emulators on a developer's machine.
 _STRAY_AWS_VARS = (
@@ -221,7 +221,7 @@ def test_crashing_emulator_reports_its_log_and_stops_moto(
 def test_the_region_comes_from_the_environment_then_the_profile_then_us_east_1(
     monkeypatch, tmp_path
 ):
-    from changelog import aws as aws_mod
+    from shardless.changelog import aws as aws_mod
 
     config = tmp_path / "config"
     config.write_text("[default]\nregion = eu-west-3\n")

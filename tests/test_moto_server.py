@@ -1,4 +1,4 @@
-"""processor.moto_server's DynamoDB: a failed transaction leaves exactly what was there
+"""shardless.processor.moto_server's DynamoDB: a failed transaction leaves exactly what was there
 before, conditions are judged with their own values, and a transaction copies only the
 items it names. Against the session's moto server over HTTP, which runs that entry point."""
 
@@ -12,8 +12,8 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from changelog.resources import TABLE_SCHEMA
-from processor import local_aws
+from shardless.changelog.resources import TABLE_SCHEMA
+from shardless.processor import local_aws
 
 
 @pytest.fixture

@@ -17,10 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processor.config import JobConfig
-from processor.errors import ConfigError, ProcessorError
-from processor.policies import RecordPolicy
-from processor.testing import TestDriver
+from shardless.processor.config import JobConfig
+from shardless.processor.errors import ConfigError, ProcessorError
+from shardless.processor.policies import RecordPolicy
+from shardless.processor.testing import TestDriver
 from tests.jobs import job_config
 
 
@@ -190,8 +190,8 @@ def _put(kinesis, stream: str, payloads: list[tuple[str, bytes]]) -> None:  # no
 
 
 def _run(spark, cfg: JobConfig, tmp_path, handler) -> None:  # noqa: ANN001
-    from processor.handlers import HandlerFactory
-    from processor.job import parquet_sink, start
+    from shardless.processor.handlers import HandlerFactory
+    from shardless.processor.job import parquet_sink, start
 
     query = start(
         spark,
@@ -239,7 +239,7 @@ def test_the_job_sets_poison_records_aside_in_s3_and_counts_the_rest_once(
             continue
         t = expected.get(key, {"count": 0, "sum": 0})
         expected[key] = {"count": t["count"] + 1, "sum": t["sum"] + i}
-    from processor import demo
+    from shardless.processor import demo
 
     rebuilt, _ = demo.durable_state(cfg, tmp_path / "verify")
     assert rebuilt == expected
@@ -266,7 +266,7 @@ def test_the_job_fails_on_an_unreadable_record_by_default_and_commits_nothing_of
     cfg = job_config(location, (stream,), tmp_path, decoder="json")
     with pytest.raises(Exception, match=rf"json decoder cannot read record {stream}/"):
         _run(spark, cfg, tmp_path, counting)
-    from changelog.durable import DurableState
+    from shardless.changelog.durable import DurableState
 
     heads = DurableState(location).heads(list(range(16)))
     assert all(h is None or h.version == 0 for h in heads.values())

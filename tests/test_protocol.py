@@ -15,7 +15,7 @@ import pytest
 from bench import protocol
 from bench.protocol import Settings, run_once
 from bench.protocol_app import Spec
-from processor import runtime
+from shardless.processor import runtime
 
 
 def settings(max_steps: int = 20) -> Settings:
@@ -66,7 +66,7 @@ def test_the_oracle_catches_a_batch_applied_twice(aws, monkeypatch):
 def test_the_oracle_catches_an_unconditional_commit(aws, monkeypatch):
     """A commit that does not check the head it started from lets a zombie overwrite
     accepted batches."""
-    import changelog.durable
+    from shardless.changelog import durable
 
     steps = [
         ["start", 2],
@@ -78,7 +78,7 @@ def test_the_oracle_catches_an_unconditional_commit(aws, monkeypatch):
         ["resume"],
     ]
     assert run_once(1, 0, settings(), steps).violation is None
-    monkeypatch.setattr(changelog.durable, "head_condition", lambda head: {})
+    monkeypatch.setattr(durable, "head_condition", lambda head: {})
     found = run_once(1, 0, settings(), steps).violation
     assert found is not None, "the zombie's stale commit went unnoticed"
 

@@ -12,12 +12,12 @@ from collections import Counter
 import pytest
 from botocore.exceptions import ClientError
 
-from changelog import aws, fence, rollback
-from changelog.durable import DurableState, SliceCommit, request_token
-from changelog.errors import ThrottledError
-from changelog.fence import QueryFencedError
-from processor import progress, takeover
-from processor.errors import ConfigError, ProcessorError
+from shardless.changelog import aws, fence, rollback
+from shardless.changelog.durable import DurableState, SliceCommit, request_token
+from shardless.changelog.errors import ThrottledError
+from shardless.changelog.fence import QueryFencedError
+from shardless.processor import progress, takeover
+from shardless.processor.errors import ConfigError, ProcessorError
 from tests.test_committed_start import a_record
 from tests.test_runtime import KEYS, durable_counts, frame, outputs, runner
 
@@ -140,7 +140,7 @@ def test_a_transaction_cancelled_by_throttling_is_retried_not_reported_lost(loca
 
 
 def test_a_transaction_throttled_past_every_retry_says_throttled(location, monkeypatch):
-    from changelog import durable as durable_module
+    from shardless.changelog import durable as durable_module
 
     monkeypatch.setattr(durable_module, "_THROTTLED_ATTEMPTS", 2)
     client = aws.client("dynamodb", validated=False)
@@ -269,7 +269,7 @@ def test_a_rollback_cuts_later_queries_commits_on_slices_the_target_query_never_
     """Query one wrote only user-1's slice; query two, continuing it, wrote other slices.
     Rolled back to query one's batch 0, those commits must go too (found by bench.protocol:
     a slice without query one's history stayed where it was)."""
-    from processor.state_select import targets
+    from shardless.processor.state_select import targets
 
     r1, r2 = runner(location, tmp_path / "one"), runner(location, tmp_path / "two")
     takeover.register(location, "query-one", 0, None)

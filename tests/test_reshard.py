@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from changelog.layout import AppLocation
-from processor import local_aws
-from processor.kinesis.source import kinesis_client
+from shardless.changelog.layout import AppLocation
+from shardless.processor import local_aws
+from shardless.processor.kinesis.source import kinesis_client
 
 pytestmark = pytest.mark.slow
 

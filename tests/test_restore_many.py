@@ -13,12 +13,12 @@ from pathlib import Path
 import boto3
 import pytest
 
-from changelog.durable import DurableState
-from changelog.errors import CorruptObjectError
-from changelog.restore import RestoreJob, identity, restore_many
-from changelog.snapshot import identity_file, manifests
-from processor.stores import StoreCache
-from state.store import SliceStore
+from shardless.changelog.durable import DurableState
+from shardless.changelog.errors import CorruptObjectError
+from shardless.changelog.restore import RestoreJob, identity, restore_many
+from shardless.changelog.snapshot import identity_file, manifests
+from shardless.processor.stores import StoreCache
+from shardless.state.store import SliceStore
 from tests.test_durable import SLICES, commit, kv, snapshot_of
 
 
@@ -175,9 +175,9 @@ def test_a_catch_up_from_the_hosts_segments_runs_in_the_calling_thread(
     segments the host keeps, so restore_many applies them itself, with no transfer or
     finishing thread; a slice whose segment is not on the host still goes through the
     pipeline, and a damaged cached segment is read from S3 instead."""
-    from changelog import restore as restore_module
-    from changelog import snapshot as snapshot_module
-    from changelog.durable import SliceCommit
+    from shardless.changelog import restore as restore_module
+    from shardless.changelog import snapshot as snapshot_module
+    from shardless.changelog.durable import SliceCommit
 
     cached = DurableState(location, segment_cache=tmp_path / "segments")
     stale = {

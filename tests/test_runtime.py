@@ -13,13 +13,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from changelog import resources
-from changelog.durable import DurableState
-from changelog.layout import AppLocation
-from processor.errors import ProcessorError
-from processor.handlers import HandlerFactory
-from processor.routing import route
-from processor.runtime import GroupRunner, RuntimeConfig
+from shardless.changelog import resources
+from shardless.changelog.durable import DurableState
+from shardless.changelog.layout import AppLocation
+from shardless.processor.errors import ProcessorError
+from shardless.processor.handlers import HandlerFactory
+from shardless.processor.routing import route
+from shardless.processor.runtime import GroupRunner, RuntimeConfig
 
 SLICES = 16
 
@@ -77,9 +77,9 @@ def durable_counts(location, slices: int = SLICES) -> dict[str, int]:
     """State rebuilt from S3 and DynamoDB alone."""
     import tempfile
 
-    from changelog.restore import materialize
-    from state import encoding
-    from state.keys import record_key
+    from shardless.changelog.restore import materialize
+    from shardless.state import encoding
+    from shardless.state.keys import record_key
 
     durable = DurableState(location)
     found = {}
@@ -136,7 +136,7 @@ def open_files_under(path: Path) -> int:
 
 
 def test_closing_a_cache_releases_its_stores_and_the_next_batch_reopens_them(location, tmp_path):
-    from processor.stores import cache_for, close_caches
+    from shardless.processor.stores import cache_for, close_caches
 
     other = AppLocation.default(f"{location.app}-b")
     resources.ensure(other, SLICES)
@@ -306,8 +306,8 @@ def test_a_group_moving_to_another_worker_of_the_host_reads_no_heads_and_no_s3(
     segment cache."""
     import os
 
-    from changelog import aws
-    from processor import stores
+    from shardless.changelog import aws
+    from shardless.processor import stores
 
     r = runner(location, tmp_path)
     key = (str(tmp_path), location.app, SLICES)
@@ -344,7 +344,7 @@ def test_a_group_moving_to_another_worker_of_the_host_reads_no_heads_and_no_s3(
 def test_the_cycle_collector_pauses_for_a_batch_and_freezes_the_worker_once(monkeypatch):
     import gc
 
-    from processor import runtime
+    from shardless.processor import runtime
 
     monkeypatch.setattr(runtime, "_frozen", False)
     frozen_before = gc.get_freeze_count()
@@ -372,7 +372,7 @@ def test_the_cycle_collector_pauses_for_a_batch_and_freezes_the_worker_once(monk
 @pytest.fixture
 def helper(monkeypatch, transfer_helper):
     """The runtime's snapshot uploads go to a new helper process."""
-    from processor import runtime
+    from shardless.processor import runtime
 
     monkeypatch.setattr(runtime, "transfer_process", lambda: transfer_helper)
     return transfer_helper
@@ -382,7 +382,7 @@ def helper(monkeypatch, transfer_helper):
 def test_snapshots_upload_where_configured_name_their_batch_and_restore(
     location, tmp_path, helper, uploads
 ):
-    from changelog.layout import query_tag
+    from shardless.changelog.layout import query_tag
 
     r = runner(location, tmp_path, snapshot_every=2, snapshot_uploads=uploads)
     hot = ["user-1"] * 3
@@ -411,7 +411,7 @@ def test_snapshots_upload_where_configured_name_their_batch_and_restore(
 def test_a_snapshot_the_helper_cannot_take_is_left_out_and_the_batch_commits(
     location, tmp_path, helper, monkeypatch, caplog
 ):
-    from processor import runtime
+    from shardless.processor import runtime
 
     def no_checkpoint(cfg, slice_id, version, checkpoint, head):
         shutil.rmtree(checkpoint)  # the helper finds nothing to upload
@@ -435,8 +435,8 @@ def test_a_snapshot_the_helper_cannot_take_is_left_out_and_the_batch_commits(
 def test_the_batch_before_a_snapshot_starts_its_memtable_flush(location, tmp_path):
     import time
 
-    from changelog.layout import snapshot_due
-    from processor.stores import cache_for
+    from shardless.changelog.layout import snapshot_due
+    from shardless.processor.stores import cache_for
 
     every = 3
     r = runner(location, tmp_path, snapshot_every=every)

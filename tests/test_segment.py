@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from changelog.errors import CorruptObjectError
-from changelog.segment import (
+from shardless.changelog.errors import CorruptObjectError
+from shardless.changelog.segment import (
     OBJECT_MAGIC,
     SECTION_MAGIC,
     SectionRef,

@@ -8,8 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processor.routing import hash_key, key_text, route, shard_slices
-from state.slices import HASH_SPACE, check_slices, slice_bounds, slice_of, slices_overlapping
+from shardless.processor.routing import hash_key, key_text, route, shard_slices
+from shardless.state.slices import (
+    HASH_SPACE,
+    check_slices,
+    slice_bounds,
+    slice_of,
+    slices_overlapping,
+)
 
 slice_counts = st.integers(min_value=1, max_value=4096)
 hashes = st.integers(min_value=0, max_value=HASH_SPACE - 1)

@@ -14,11 +14,11 @@ from pathlib import Path
 import boto3
 import pytest
 
-from changelog import snapshot as snapshot_module
-from changelog.durable import DurableState
-from changelog.errors import CorruptObjectError, MissingObjectError
-from changelog.restore import identity, materialize, restore
-from changelog.snapshot import (
+from shardless.changelog import snapshot as snapshot_module
+from shardless.changelog.durable import DurableState
+from shardless.changelog.errors import CorruptObjectError, MissingObjectError
+from shardless.changelog.restore import identity, materialize, restore
+from shardless.changelog.snapshot import (
     SstFile,
     download_snapshot,
     encode_manifest,
@@ -27,8 +27,8 @@ from changelog.snapshot import (
     upload_checkpoint,
     write_snapshot,
 )
-from changelog.verify import verify
-from state.store import SliceStore
+from shardless.changelog.verify import verify
+from shardless.state.store import SliceStore
 from tests.test_durable import SLICES, commit, kv
 
 SLICE = 5
@@ -78,7 +78,7 @@ def test_the_same_store_shares_its_files_without_reading_them_again(
     """A store's next snapshot shares the files it still has, and so does the first
     snapshot of a store restored from it: their checksums are known to the process (it
     uploaded or downloaded them), so no file is read again to compare."""
-    from changelog import snapshot as snapshot_module
+    from shardless.changelog import snapshot as snapshot_module
 
     a = open_store(location, tmp_path / "a")
     a.commit(values("v1"), 1)
@@ -222,7 +222,7 @@ def test_a_restore_falls_back_past_an_unusable_snapshot(
     durable = DurableState(location)
     w, _ = history(location, tmp_path, damage, monkeypatch)
     head = durable.heads([SLICE])[SLICE]
-    with caplog.at_level(logging.WARNING, logger="changelog.restore"):
+    with caplog.at_level(logging.WARNING, logger="shardless.changelog.restore"):
         store, stats = materialize(durable, head, tmp_path / "r", SLICES)
     assert dict(store.items()) == dict(w.items()) and store.version == 6
     assert store.tag == head.log[-1].uid

@@ -10,7 +10,7 @@ import pytest
 from botocore.exceptions import ClientError
 from botocore.parsers import JSONParser
 
-from processor.kinesis.client import kinesis_client
+from shardless.processor.kinesis.client import kinesis_client
 
 
 def first_iterator(kinesis, stream: str) -> str:  # noqa: ANN001

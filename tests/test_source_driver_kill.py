@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from changelog.layout import AppLocation
-from processor.config import JobConfig
-from processor.faults import check, events
-from processor.faults.driver import REPO, Driver, running_batch
-from processor.kinesis.batch_log import BatchLog
+from shardless.changelog.layout import AppLocation
+from shardless.processor.config import JobConfig
+from shardless.processor.faults import check, events
+from shardless.processor.faults.driver import REPO, Driver, running_batch
+from shardless.processor.kinesis.batch_log import BatchLog
 from tests.jobs import job_config
 
 pytestmark = pytest.mark.slow

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from changelog.layout import AppLocation
-from processor import cli
-from processor.config import JobConfig
-from processor.errors import ConfigError
-from processor.kinesis.kpl import MAGIC
-from processor.kinesis.source import KinesisStreamReader
+from shardless.changelog.layout import AppLocation
+from shardless.processor import cli
+from shardless.processor.config import JobConfig
+from shardless.processor.errors import ConfigError
+from shardless.processor.kinesis.kpl import MAGIC
+from shardless.processor.kinesis.source import KinesisStreamReader
 from tests.jobs import capture_cli_starts, job_config
 
 
@@ -135,7 +135,7 @@ def test_the_run_command_passes_its_source_flags_into_the_job(tmp_path, monkeypa
 def test_prepare_reaches_kinesis_at_the_configured_endpoint(
     aws, make_stream, location, tmp_path, monkeypatch
 ):
-    from processor.job import prepare
+    from shardless.processor.job import prepare
 
     stream = make_stream(1)
     monkeypatch.setenv("AWS_ENDPOINT_URL_KINESIS", "http://127.0.0.1:9")
@@ -163,8 +163,8 @@ def test_prepare_reaches_kinesis_at_the_configured_endpoint(
 def test_a_job_with_on_corrupt_aggregate_skip_drops_only_the_corrupt_record(
     spark, kinesis, make_stream: Callable[[int], str], location: AppLocation, tmp_path: Path
 ):
-    from processor.handlers import HandlerFactory
-    from processor.job import start
+    from shardless.processor.handlers import HandlerFactory
+    from shardless.processor.job import start
 
     stream = make_stream(1)
     keys = [f"k{i}" for i in range(20)]

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from changelog.layout import AppLocation
-from processor.app import load_handler
-from processor.faults import check, events
-from processor.faults.driver import REPO
-from processor.job import BatchReport, parquet_sink, start
+from shardless.changelog.layout import AppLocation
+from shardless.processor.app import load_handler
+from shardless.processor.faults import check, events
+from shardless.processor.faults.driver import REPO
+from shardless.processor.job import BatchReport, parquet_sink, start
 from tests.jobs import job_config
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from pyspark.errors import StreamingQueryException
 
-from changelog.layout import AppLocation
+from shardless.changelog.layout import AppLocation
 
 pytestmark = pytest.mark.slow
 

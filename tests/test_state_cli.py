@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from processor import cli
+from shardless.processor import cli
 from tests.test_runtime import KEYS, frame, runner
 
 

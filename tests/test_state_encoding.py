@@ -9,10 +9,10 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from state import encoding
-from state.encoding import MSGPACK, decode, encode
-from state.errors import EncodingError
-from state.keys import (
+from shardless.state import encoding
+from shardless.state.encoding import MSGPACK, decode, encode
+from shardless.state.errors import EncodingError
+from shardless.state.keys import (
     DATA,
     IDENTITY_KEY,
     META,
@@ -53,7 +53,7 @@ def test_encode_then_decode_round_trips_plain_values(value: object) -> None:
 
 @given(plain_values)
 def test_the_inlined_msgpack_halves_agree_with_encode_and_decode(value: object) -> None:
-    """`processor.api` inlines `encode_msgpack` and `decode_msgpack` with these."""
+    """`shardless.processor.api` inlines `encode_msgpack` and `decode_msgpack` with these."""
     raw = encoding.MSGPACK_BYTE + encoding.pack_msgpack(value)
     assert raw == encode(value) == encoding.encode_msgpack(value, "k")
     assert encoding.unpack_msgpack(raw[1:]) == decode(raw) == encoding.decode_msgpack(raw, "k")

@@ -8,8 +8,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from state.store import SliceStore
-from state.transaction import Transaction
+from shardless.state.store import SliceStore
+from shardless.state.transaction import Transaction
 
 keys = st.binary(min_size=1, max_size=3).map(lambda b: b"d" + b)
 values = st.binary(max_size=4)

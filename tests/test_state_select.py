@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from changelog.inspect import StateQueryError
-from changelog.layout import Head, LogEntry, SnapRef
-from changelog.lease import Lease, activity
-from processor.state_select import latest_query, parse_slices, targets
+from shardless.changelog.inspect import StateQueryError
+from shardless.changelog.layout import Head, LogEntry, SnapRef
+from shardless.changelog.lease import Lease, activity
+from shardless.processor.state_select import latest_query, parse_slices, targets
 
 
 def entry(version: int, batch: int, query: str = "q1234567") -> LogEntry:

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from state.errors import CorruptStoreError
-from state.keys import IDENTITY_KEY, VERSION_KEY, data_key
-from state.store import SliceStore
-from state.transaction import Transaction
+from shardless.state.errors import CorruptStoreError
+from shardless.state.keys import IDENTITY_KEY, VERSION_KEY, data_key
+from shardless.state.store import SliceStore
+from shardless.state.transaction import Transaction
 
 IDENTITY = {"app": "counts", "slice": 7, "slices": 256}
 
@@ -119,7 +119,7 @@ def test_a_store_written_without_filters_reads_the_same_with_them(
     # Stores and snapshots written before the filters were added open and read as before.
     from rocksdict import Options
 
-    import state.store
+    from shardless.state import store
 
     def rocksdb_defaults() -> Options:
         opts = Options(raw_mode=True)
@@ -128,7 +128,7 @@ def test_a_store_written_without_filters_reads_the_same_with_them(
 
     path = tmp_path / "slice"
     with monkeypatch.context() as m:
-        m.setattr(state.store, "_options", rocksdb_defaults)
+        m.setattr(store, "_options", rocksdb_defaults)
         old = SliceStore(path, IDENTITY)
         old.commit([(data_key(str(i)), str(i).encode()) for i in range(0, 2000, 2)], 1)
         old.checkpoint(tmp_path / "flushed")  # the values now sit in an SST file too

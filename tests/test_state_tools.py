@@ -18,15 +18,15 @@ import boto3
 import pyarrow.parquet as pq
 import pytest
 
-from changelog import lease, resources
-from changelog.layout import AppLocation
-from processor import cli, demo, progress
-from processor.app import load_handler
-from processor.config import JobConfig
-from processor.job import parquet_sink, start
-from processor.progress_bar import Bar, render
-from processor.routing import route
-from processor.state_select import parse_slices
+from shardless.changelog import lease, resources
+from shardless.changelog.layout import AppLocation
+from shardless.processor import cli, demo, progress
+from shardless.processor.app import load_handler
+from shardless.processor.config import JobConfig
+from shardless.processor.job import parquet_sink, start
+from shardless.processor.progress_bar import Bar, render
+from shardless.processor.routing import route
+from shardless.processor.state_select import parse_slices
 from tests.jobs import job_config
 from tests.test_end_to_end import APP, produce
 
@@ -302,7 +302,7 @@ def test_a_running_job_holds_the_lease_and_releases_it_when_stopped(
 ):
     import time
 
-    from processor.handlers import HandlerFactory
+    from shardless.processor.handlers import HandlerFactory
 
     stream = make_stream(1)
     kinesis.put_record(StreamName=stream, PartitionKey="k", Data=b"{}")
@@ -452,7 +452,7 @@ def test_gc_after_rollback_deletes_only_what_nothing_references(built, capsys):
 
 
 def test_verify_names_a_corrupt_object(built, capsys):
-    from changelog.durable import DurableState
+    from shardless.changelog.durable import DurableState
 
     s3 = boto3.client("s3")
     loc: AppLocation = built.cfg.location

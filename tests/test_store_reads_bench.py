@@ -46,7 +46,7 @@ def test_queries_hit_exactly_their_share_of_written_keys() -> None:
     import random
 
     from bench import store_reads
-    from state.keys import data_key
+    from shardless.state.keys import data_key
 
     written = [data_key(str(i)) for i in range(0, 1000, 3)]
     for hit in (0.0, 0.5, 1.0):

@@ -10,13 +10,13 @@ import time
 import pandas as pd
 import pytest
 
-from changelog import rollback
-from changelog.durable import DurableState
-from changelog.layout import TIMERS_UNKNOWN
-from processor.handlers import HandlerFactory
-from processor.job import BatchReport, start
-from processor.runtime import GroupRunner
-from processor.timer_source import pending_slices, wake_rows
+from shardless.changelog import rollback
+from shardless.changelog.durable import DurableState
+from shardless.changelog.layout import TIMERS_UNKNOWN
+from shardless.processor.handlers import HandlerFactory
+from shardless.processor.job import BatchReport, start
+from shardless.processor.runtime import GroupRunner
+from shardless.processor.timer_source import pending_slices, wake_rows
 from tests.jobs import job_config
 from tests.test_runtime import SLICES, frame, outputs, runner
 
@@ -130,7 +130,7 @@ def test_a_checkpoint_written_before_the_timer_source_restarts_with_its_one_sour
 ):
     """Checkpoints of earlier versions read the Kinesis source alone, and Spark refuses to
     restart a query with another number of sources: such a checkpoint keeps one."""
-    from processor import recorder
+    from shardless.processor import recorder
 
     stream = make_stream(1)
     kinesis.put_records(

@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processor.handlers import HandlerFactory
-from processor.testing import TestDriver
+from shardless.processor.handlers import HandlerFactory
+from shardless.processor.testing import TestDriver
 
 # a step: set timers (offsets from now, possibly negative) on keys, then advance time
 steps = st.lists(

@@ -13,16 +13,16 @@ from pathlib import Path
 import boto3
 import pytest
 
-from changelog import gc, reslice, resources
-from changelog.errors import ChangelogError
-from changelog.layout import AppLocation
-from processor import cli
-from processor.handlers import HandlerFactory
-from processor.routing import route
-from processor.runtime import GroupRunner, RuntimeConfig
-from processor.state_source import StateReader
-from state import encoding
-from state.slices import HASH_SPACE, key_hash, slice_of
+from shardless.changelog import gc, reslice, resources
+from shardless.changelog.errors import ChangelogError
+from shardless.changelog.layout import AppLocation
+from shardless.processor import cli
+from shardless.processor.handlers import HandlerFactory
+from shardless.processor.routing import route
+from shardless.processor.runtime import GroupRunner, RuntimeConfig
+from shardless.processor.state_source import StateReader
+from shardless.state import encoding
+from shardless.state.slices import HASH_SPACE, key_hash, slice_of
 from tests.test_runtime import KEYS, SLICES, durable_counts, frame, runner
 
 HOUR_MS = 3600 * 1000

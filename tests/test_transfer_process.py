@@ -1,5 +1,5 @@
 """A large restore's transfers and the snapshots' uploads in the helper process
-(`changelog.transfer_process`), against moto server over HTTP: the same stores as
+(`shardless.changelog.transfer_process`), against moto server over HTTP: the same stores as
 in-process, the same refusals with the same names, and nothing lost when the helper dies
 with transfers in flight."""
 
@@ -12,19 +12,19 @@ import signal
 import boto3
 import pytest
 
-from changelog import restore as restore_module
-from changelog.durable import DurableState, section_range
-from changelog.errors import CorruptObjectError, MissingObjectError
-from changelog.restore import RestoreJob, identity, restore_many
-from changelog.snapshot import IN_PROCESS, download_snapshot, manifests, read_manifest
-from changelog.transfer_process import (
+from shardless.changelog import restore as restore_module
+from shardless.changelog.durable import DurableState, section_range
+from shardless.changelog.errors import CorruptObjectError, MissingObjectError
+from shardless.changelog.restore import RestoreJob, identity, restore_many
+from shardless.changelog.snapshot import IN_PROCESS, download_snapshot, manifests, read_manifest
+from shardless.changelog.transfer_process import (
     TRANSFER_PROCESS_BYTES,
     TransferError,
     TransferProcess,
     _read_frame,
     _write_frame,
 )
-from state.store import SliceStore
+from shardless.state.store import SliceStore
 from tests.test_durable import SLICES
 from tests.test_restore_many import build, corrupt
 

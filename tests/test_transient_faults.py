@@ -10,10 +10,10 @@ from collections import Counter
 import pytest
 from botocore.retries.standard import ExponentialBackoff
 
-from changelog import durable as durable_module
-from changelog.durable import DurableState
-from changelog.errors import CommitConflictError
-from processor.fault_proxy import FaultProxy, Rule
+from shardless.changelog import durable as durable_module
+from shardless.changelog.durable import DurableState
+from shardless.changelog.errors import CommitConflictError
+from shardless.processor.fault_proxy import FaultProxy, Rule
 from tests.test_runtime import KEYS, SLICES, durable_counts, frame, outputs, runner
 
 
@@ -118,11 +118,11 @@ def test_a_wide_group_whose_first_transaction_fails_counts_each_record_once(
     fails for good while the other two land; the batch fails, and when it runs again the
     slices that landed find their own commit and re-commit in place: every record counts
     once, against a plain fold of the input."""
-    from changelog import resources
-    from changelog.layout import AppLocation, slice_pk
-    from processor.handlers import HandlerFactory
-    from processor.routing import route
-    from processor.runtime import GroupRunner, RuntimeConfig
+    from shardless.changelog import resources
+    from shardless.changelog.layout import AppLocation, slice_pk
+    from shardless.processor.handlers import HandlerFactory
+    from shardless.processor.routing import route
+    from shardless.processor.runtime import GroupRunner, RuntimeConfig
     from tests.test_runtime import count_handler
 
     loc = AppLocation.default(f"{location.app}-w")

@@ -29,9 +29,9 @@ from typing import Any
 import boto3
 import pytest
 
-from changelog.durable import DurableState, HeadConflictError
-from changelog.layout import AppLocation
-from processor.errors import ProcessorError
+from shardless.changelog.durable import DurableState, HeadConflictError
+from shardless.changelog.layout import AppLocation
+from shardless.processor.errors import ProcessorError
 from tests.test_runtime import KEYS, SLICES, Runner, durable_counts, frame, outputs, runner
 
 

@@ -45,10 +45,10 @@ from typing import Any
 
 import pyarrow.dataset as ds
 
-from changelog import aws
-from processor import demo
-from processor.config import JobConfig
-from processor.kinesis.shards import stream_records
+from shardless.changelog import aws
+from shardless.processor import demo
+from shardless.processor.config import JobConfig
+from shardless.processor.kinesis.shards import stream_records
 
 
 class _ParquetReader:

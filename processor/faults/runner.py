@@ -65,12 +65,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from processor import progress
-from processor.config import JobConfig
-from processor.faults import check, events, procs
-from processor.faults.driver import REPO, Driver, running_batch
-from processor.faults.proxy import Proxy
-from processor.faults.schedule import (
+from shardless.processor import progress
+from shardless.processor.config import JobConfig
+from shardless.processor.faults import check, events, procs
+from shardless.processor.faults.driver import REPO, Driver, running_batch
+from shardless.processor.faults.proxy import Proxy
+from shardless.processor.faults.schedule import (
     DRIVER_KILL,
     EXECUTOR_KILL,
     EXECUTOR_STALL,
@@ -408,7 +408,7 @@ def _reached(outcome: Outcome, driver: Driver, fault: Fault) -> bool:
 def _tool(env: Env, outcome: Outcome, *args: str) -> tuple[int, str]:
     """`shardless state ...` against the emulators directly; (exit code, output)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "processor.cli", "state", *args],
+        [sys.executable, "-m", "shardless.processor.cli", "state", *args],
         cwd=REPO,
         env={**os.environ, **env.aws_env},
         stdin=subprocess.DEVNULL,

@@ -15,8 +15,8 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from changelog import aws
-from processor.kinesis.positions import Position, Positions
+from shardless.changelog import aws
+from shardless.processor.kinesis.positions import Position, Positions
 
 
 def _pk(run: str) -> str:

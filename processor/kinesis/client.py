@@ -28,7 +28,7 @@ from botocore.config import Config
 from botocore.parsers import JSONParser, ResponseParserFactory
 from botocore.utils import parse_timestamp
 
-from changelog import aws
+from shardless.changelog import aws
 
 _clients: dict[tuple[str, bool], Any] = {}
 _lock = threading.Lock()

@@ -24,7 +24,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from processor.errors import ConfigError
+from shardless.processor.errors import ConfigError
 
 Position = dict[str, Any]
 Positions = dict[str, Position]
@@ -52,7 +52,7 @@ def initial_position(spec: str, now: float | None = None) -> dict[str, Any]:
     LATEST becomes AT_TIMESTAMP(now): a fixed point that a replay finds again, where a
     LATEST iterator taken later would silently skip what arrived in between. COMMITTED is
     not resolved here: its positions come from the application's progress record
-    (`processor.progress`).
+    (`shardless.processor.progress`).
     """
     spec = spec.strip()
     upper = spec.upper()

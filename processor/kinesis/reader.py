@@ -19,10 +19,10 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from processor.errors import SourceError
-from processor.kinesis import kpl
-from processor.kinesis.batch_log import BatchLog
-from processor.kinesis.positions import Position, iterator_args
+from shardless.processor.errors import SourceError
+from shardless.processor.kinesis import kpl
+from shardless.processor.kinesis.batch_log import BatchLog
+from shardless.processor.kinesis.positions import Position, iterator_args
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from processor.errors import SourceError
+from shardless.processor.errors import SourceError
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ Options:
   slices               slice count used to route records (default 256)
   startingPosition     TRIM_HORIZON (default), LATEST, AT_TIMESTAMP:<epoch or ISO time>, or
                        COMMITTED: the shard positions of the application's latest progress
-                       record in `table` (see processor.progress); a new checkpoint only
+                       record in `table` (see shardless.processor.progress); a new checkpoint only
   maxRecordsPerShard   per batch (default 10000)
   maxBytesPerShard     per batch (default 10 MiB)
   idlePollMs           with no data, how often to poll again (default 1000)
@@ -31,14 +31,14 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 
-from processor.errors import ConfigError, SourceError
-from processor.kinesis import positions as pos
-from processor.kinesis.batch_log import BatchLog
-from processor.kinesis.client import kinesis_client
-from processor.kinesis.reader import CORRUPT_POLICIES, POLICIES, ShardRead, read_shard
-from processor.kinesis.rows import ROWS_PER_BATCH, SCHEMA, record_batch
-from processor.kinesis.shards import depths, list_shards, readable, vanished
-from state.slices import check_slices
+from shardless.processor.errors import ConfigError, SourceError
+from shardless.processor.kinesis import positions as pos
+from shardless.processor.kinesis.batch_log import BatchLog
+from shardless.processor.kinesis.client import kinesis_client
+from shardless.processor.kinesis.reader import CORRUPT_POLICIES, POLICIES, ShardRead, read_shard
+from shardless.processor.kinesis.rows import ROWS_PER_BATCH, SCHEMA, record_batch
+from shardless.processor.kinesis.shards import depths, list_shards, readable, vanished
+from shardless.state.slices import check_slices
 
 __all__ = ["SCHEMA", "KinesisDataSource", "KinesisStreamReader", "kinesis_client"]
 
@@ -119,7 +119,7 @@ class KinesisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """A run that starts where the application's latest progress record left off: its
         positions become the run's batch 0 in the batch log, and its offsets name the record
         (`from`), so the job can check nothing moved in between."""
-        from processor import progress  # the driver-side process only
+        from shardless.processor import progress
 
         found = progress.latest_in(self.table)
         if found is None:
