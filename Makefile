@@ -29,7 +29,7 @@ $(STAMP_NODE): package.json package-lock.json
 	touch $@
 
 demo: setup
-	$(PY) -m shardless.processor.demo
+	$(PY) -m shardless.processor.local.demo
 
 test: setup
 	$(PY) -m ruff check .

@@ -1,17 +1,17 @@
 """How long a group's DynamoDB round trips wait when it has more than 100 slices:
 `python -m bench.commit_latency --json`.
 
-A group commits its slices' heads in one `TransactWriteItems` per 100 slices, and reads
-heads it does not know (its first batch on a host, a group that moved, a tool over every
-slice) in one `BatchGetItem` per 100 (`shardless.changelog.durable`). Both are sent together; the
-baseline, measured in the same run and interleaved round by round, sends them one at a
-time (`TRANSACTION_THREADS = 1`, `READ_THREADS = 1`, how it was done before). Both go to
-moto server over HTTP, through `shardless.processor.fault_proxy`, which adds a fixed delay to every
-`TransactWriteItems` and `BatchGetItem` to stand for the round trip to a regional
-DynamoDB endpoint (`--rtt-ms`); a delay of 0 goes to moto on loopback directly, without
-the proxy. The figures: the `dynamodb` step of `DurableState.commit` (the transactions,
-from the first request to the last answer) and the whole of `DurableState.heads`, median
-per configuration; the ratio is together / one at a time.
+A group commits its slices' heads in one `TransactWriteItems` per 100 slices, and reads heads it
+does not know (its first batch on a host, a group that moved, a tool over every slice) in one
+`BatchGetItem` per 100 (`shardless.changelog.durable`). Both are sent together; the baseline,
+measured in the same run and interleaved round by round, sends them one at a time
+(`TRANSACTION_THREADS = 1`, `READ_THREADS = 1`, how it was done before). Both go to moto server over
+HTTP, through `shardless.processor.local.faults.fault_proxy`, which adds a fixed delay to every
+`TransactWriteItems` and `BatchGetItem` to stand for the round trip to a regional DynamoDB endpoint
+(`--rtt-ms`); a delay of 0 goes to moto on loopback directly, without the proxy. The figures: the
+`dynamodb` step of `DurableState.commit` (the transactions, from the first request to the last
+answer) and the whole of `DurableState.heads`, median per configuration; the ratio is together / one
+at a time.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from shardless.changelog import durable as durable_module
 from shardless.changelog import resources
 from shardless.changelog.durable import DurableState, SliceCommit
 from shardless.changelog.layout import AppLocation, Head
-from shardless.processor import local_aws
-from shardless.processor.fault_proxy import FaultProxy, Rule
+from shardless.processor.local import emulators as local_aws
+from shardless.processor.local.faults.fault_proxy import FaultProxy, Rule
 
 SIZES = (100, 128, 256)  # changed slices in one group's commit: 1, 2 and 3 transactions
 READ_SIZES = (100, 128, 256, 1024)  # heads read at once: 1, 2, 3 and 11 BatchGetItem calls

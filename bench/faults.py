@@ -2,14 +2,14 @@
 
 Runs `examples/user_activity.py` with `shardless run` on a two-executor Spark
 (`local-cluster[2,1,1024]`) against local emulators, one seeded fault schedule after
-another (`processor/faults/schedule.py`): kill -9 of the driver (restarted from its
+another (`processor/local/faults/schedule.py`): kill -9 of the driver (restarted from its
 checkpoint, maybe after a reshard), of an executor (its disk lost too) or of a Python
 worker; S3 and DynamoDB 5xx, throttling and writes applied but reported failed; Kinesis
 throttling and expired iterators; and operator actions (`--no-operator-actions` leaves
 them out): a takeover by a new checkpoint at COMMITTED while the job runs, a new checkpoint
 with another group count, `state rollback` then a new checkpoint, `state gc --delete`
 while the job runs. After each schedule the durable state and the outputs
-are compared with a plain-Python fold of the stream (`processor/faults/check.py`).
+are compared with a plain-Python fold of the stream (`processor/local/faults/check.py`).
 
 Prints one JSON object: `schedules`, `faults_by_kind` (faults that happened),
 `divergences` (schedules whose state or outputs differ from the fold: must be 0),
@@ -39,10 +39,10 @@ from typing import Any
 
 import boto3
 
-from shardless.processor import local_aws
-from shardless.processor.faults import runner
-from shardless.processor.faults.proxy import Proxy
-from shardless.processor.faults.schedule import KILLS, KINDS, Schedule, draw, with_stall
+from shardless.processor.local import emulators as local_aws
+from shardless.processor.local.faults import runner
+from shardless.processor.local.faults.proxy import Proxy
+from shardless.processor.local.faults.schedule import KILLS, KINDS, Schedule, draw, with_stall
 
 
 def run_harness(

@@ -6,8 +6,8 @@ conditional Puts, 100 to a `TransactWriteItems`. The alternative weighed in `doc
 one item per block of consecutive slices, one `UpdateItem` per block that sets each changed slice's
 head and checks each one's own token. Both are measured here, in CPU seconds per batch of the client
 and moto together (moto in-process through `mock_aws`, with the fixes of
-`shardless.processor.moto_server`), and, for the per-slice layout, also on moto as released: the
-cost of those fixes. Every variant runs in its own process (the fixes patch moto's module),
+`shardless.processor.local.moto_server`), and, for the per-slice layout, also on moto as released:
+the cost of those fixes. Every variant runs in its own process (the fixes patch moto's module),
 interleaved over `--rounds`; the figures are medians, and the ratios are to the per-slice layout
 measured in the same run.
 
@@ -110,7 +110,7 @@ def measure(variant: str, batches: int) -> float:
 
     layout, block, fixed = _VARIANTS[variant]
     if fixed:
-        from shardless.processor import moto_server
+        from shardless.processor.local import moto_server
 
         moto_server._patch()
     with mock_aws():

@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs > 1:
         report = parallel(args, argv if argv is not None else sys.argv[1:])
     elif not os.environ.get("AWS_ENDPOINT_URL_S3"):
-        from shardless.processor import local_aws
+        from shardless.processor.local import emulators as local_aws
 
         emulators = local_aws.start("kinesalite")
         emulators.apply_env()

@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from shardless.processor.routing import route
+from shardless.processor.runtime.routing import route
 
 T0 = 1_800_000_000_000  # processing time of input batch 0
 STEP_MS = 1_000  # processing time between input batches
@@ -86,7 +86,7 @@ def frame(
 ) -> pd.DataFrame | None:
     """The records of one group, as Spark hands them to the runtime (shuffled), with a
     wake-up row (no data) for each slice of `woken` in the group
-    (`shardless.processor.timer_source`)."""
+    (`shardless.processor.driver.timer_source`)."""
     rows = [
         {
             "stream": "",

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from shardless.changelog.durable import DurableState
-from shardless.processor.stores import StoreCache
+from shardless.processor.runtime.stores import StoreCache
 from shardless.state.store import SliceStore
 
 

@@ -2,7 +2,7 @@
 the oracle (a plain fold of the accepted batches).
 
 Every step calls the real runtime (`GroupRunner.run`), the real driver functions
-(`shardless.processor.progress`) and the real tools (`shardless.changelog.rollback`,
+(`shardless.processor.driver.progress`) and the real tools (`shardless.changelog.rollback`,
 `shardless.changelog.gc`, `state restore`) in this process, against the emulators the environment
 points at. Crash points, speculative twins and zombies are wrappers around the real functions, in
 place only while their step (or their zombie) lives.
@@ -32,13 +32,14 @@ from shardless.changelog.durable import DurableState
 from shardless.changelog.errors import ChangelogError
 from shardless.changelog.layout import AppLocation, head_item
 from shardless.changelog.restore import RestoreJob, identity, restore_many
-from shardless.processor import progress, state_cli, takeover
+from shardless.processor.api.handlers import HandlerFactory
+from shardless.processor.driver import progress, takeover
 from shardless.processor.errors import ProcessorError
-from shardless.processor.grouping import group_slices
-from shardless.processor.handlers import HandlerFactory
-from shardless.processor.routing import route
-from shardless.processor.runtime import GroupRunner, RuntimeConfig
-from shardless.processor.stores import close_caches
+from shardless.processor.runtime.group_runner import GroupRunner, RuntimeConfig
+from shardless.processor.runtime.grouping import group_slices
+from shardless.processor.runtime.routing import route
+from shardless.processor.runtime.stores import close_caches
+from shardless.processor.tools import state_cli
 from shardless.state import encoding
 from shardless.state.keys import data_key, record_key
 from shardless.state.store import SliceStore
@@ -204,10 +205,11 @@ class World:
         return "ok"
 
     def wake(self) -> tuple[int, ...]:
-        """The slices a new checkpoint's first batch wakes (`shardless.processor.timer_source`, when
+        """The slices a new checkpoint's first batch wakes
+        (`shardless.processor.driver.timer_source`, when
         the product has it), fixed when the batch is planned."""
         try:
-            from shardless.processor.timer_source import pending_slices
+            from shardless.processor.driver.timer_source import pending_slices
         except ImportError:
             return ()
         return tuple(pending_slices(self.loc.table, self.spec.slices))

@@ -49,13 +49,13 @@ from shardless.changelog.layout import AppLocation, Head, encode_log, encode_sna
 from shardless.changelog.restore import identity
 from shardless.changelog.snapshot import decode_manifest, write_snapshot
 from shardless.changelog.transfer_process import TRANSFER_PROCESS_BYTES, transfer_process
-from shardless.processor import local_aws
-from shardless.processor.api import Context, Event
-from shardless.processor.grouping import group_slices
-from shardless.processor.handlers import HandlerFactory
-from shardless.processor.routing import route
-from shardless.processor.runtime import GroupRunner, RuntimeConfig
-from shardless.processor.stores import StoreCache
+from shardless.processor.api.context import Context, Event
+from shardless.processor.api.handlers import HandlerFactory
+from shardless.processor.local import emulators as local_aws
+from shardless.processor.runtime.group_runner import GroupRunner, RuntimeConfig
+from shardless.processor.runtime.grouping import group_slices
+from shardless.processor.runtime.routing import route
+from shardless.processor.runtime.stores import StoreCache
 from shardless.state import encoding, keys
 from shardless.state.store import SliceStore
 

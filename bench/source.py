@@ -47,8 +47,8 @@ from typing import Any
 
 import boto3
 
-from shardless.processor import local_aws
 from shardless.processor.kinesis.reader import MIN_CALL_INTERVAL_S
+from shardless.processor.local import emulators as local_aws
 
 GOAL = 0.8
 STREAM = "bench-source"
@@ -136,7 +136,7 @@ def source_run(
     spark: Any, stream: str, table: str, checkpoint: str, max_records: int
 ) -> dict[str, Any]:
     """Count the stream through the source in an availableNow query."""
-    from shardless.processor import recorder
+    from shardless.processor.driver import recorder
     from shardless.processor.kinesis.batch_log import BatchLog
 
     counts: list[int] = []
@@ -203,8 +203,8 @@ def _mid(values: list[float]) -> float:
 def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from shardless.changelog import resources
     from shardless.changelog.layout import AppLocation
+    from shardless.processor.driver.spark import session
     from shardless.processor.kinesis.client import kinesis_client
-    from shardless.processor.spark import session
 
     stock = boto3.client("kinesis")
     stock.create_stream(StreamName=STREAM, ShardCount=args.shards)

@@ -29,10 +29,10 @@ import msgpack
 import numpy as np
 from rocksdict import Options, Rdict, WriteBatch
 
-from shardless.processor.api import Context, Event, Timer
-from shardless.processor.handlers import HandlerFactory
-from shardless.processor.routing import route
-from shardless.processor.task import run_slice
+from shardless.processor.api.context import Context, Event, Timer
+from shardless.processor.api.handlers import HandlerFactory
+from shardless.processor.runtime.routing import route
+from shardless.processor.runtime.slice_runner import run_slice
 from shardless.state import encoding, keys
 from shardless.state.store import SliceStore
 from shardless.state.transaction import Transaction

@@ -51,7 +51,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.state_loop import ZIPF_S, key_ids
-from shardless.processor.api import Context, Event
+from shardless.processor.api.context import Context, Event
 
 CONTENDERS = (
     "shardless",
@@ -185,7 +185,7 @@ class FloorRunner:
     def __call__(
         self, key: tuple, pdfs: Iterator[pd.DataFrame], state: Any
     ) -> Iterator[pd.DataFrame]:
-        from shardless.processor.runtime import _COLUMNS
+        from shardless.processor.runtime.group_runner import _COLUMNS
 
         called_at, started = time.time(), time.perf_counter()
         n = sum(len(p) for p in pdfs)
@@ -229,10 +229,10 @@ def query_for(
             .transformWithStateInPandas(_count_processor(), out_schema, "Update", "None")
         )
     from shardless.changelog import resources
-    from shardless.processor.config import JobConfig
-    from shardless.processor.handlers import HandlerFactory
-    from shardless.processor.job import as_records, outputs
-    from shardless.processor.runtime import GroupRunner
+    from shardless.processor.api.handlers import HandlerFactory
+    from shardless.processor.driver.config import JobConfig
+    from shardless.processor.driver.job import as_records, outputs
+    from shardless.processor.runtime.group_runner import GroupRunner
 
     groups = int(spark.conf.get("spark.sql.shuffle.partitions"))
     cfg = JobConfig(
@@ -427,8 +427,8 @@ def run(
 def _stop_owners(spark: Any, local_dir: str, app: str) -> None:
     """Stop the run's group owner processes (if any), so that they use no CPU or memory
     in the runs after it."""
-    from shardless.processor import owner
-    from shardless.processor.grouping import group_keys
+    from shardless.processor.runtime import owner
+    from shardless.processor.runtime.grouping import group_keys
 
     for g in group_keys(int(spark.conf.get("spark.sql.shuffle.partitions"))):
         owner.stop(local_dir, app, g)
@@ -460,7 +460,7 @@ def verify_durable(app: str, w: Workload, slices: int) -> list[str]:
 
 def spark_session(master: str, groups: int) -> Any:
     """One session for every contender: shardless's own, with the RocksDB provider."""
-    from shardless.processor.spark import session
+    from shardless.processor.driver.spark import session
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -678,7 +678,7 @@ def main(argv: list[str] | None = None) -> None:
         "--profile",
         metavar="DIR",
         help="cProfile every shardless group call into DIR "
-        "(shardless.processor.runtime.PROFILE_ENV)",
+        "(shardless.processor.runtime.process.PROFILE_ENV)",
     )
     args = parser.parse_args(argv)
     for name in ("records", "batch"):
@@ -691,7 +691,7 @@ def main(argv: list[str] | None = None) -> None:
             f"--also-batch must be a number of records, or 0 for none, not {args.also_batch}"
         )
     if args.profile:
-        from shardless.processor.runtime import PROFILE_ENV
+        from shardless.processor.runtime.process import PROFILE_ENV
 
         os.environ[PROFILE_ENV] = str(Path(args.profile).resolve())  # inherited by workers
     if args.quick:
@@ -700,7 +700,7 @@ def main(argv: list[str] | None = None) -> None:
     contenders = [c for c in CONTENDERS + OPTIONAL if c in args.contenders.split(",")]
     workloads = [w for w in WORKLOADS if w in args.workloads.split(",")]
 
-    from shardless.processor import local_aws
+    from shardless.processor.local import emulators as local_aws
 
     tmp = Path(tempfile.mkdtemp(prefix="shardless-vs-spark-"))
     aws = local_aws.start("kinesalite", log_dir=tmp / "local-aws")

@@ -67,7 +67,7 @@ def put(kinesis, stream: str, batch: list[dict]) -> None:  # noqa: ANN001 - boto
 
 def main(argv: list[str] | None = None) -> int:
     from shardless.changelog import aws
-    from shardless.processor.producer import ensure_stream
+    from shardless.processor.local.producer import ensure_stream
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--stream", required=True)

@@ -15,8 +15,9 @@ import sys
 from pathlib import Path
 
 from shardless.changelog.errors import ChangelogError
-from shardless.processor import local_aws, state_cli
 from shardless.processor.errors import ProcessorError
+from shardless.processor.local import emulators as local_aws
+from shardless.processor.tools import state_cli
 
 STATE_FILE = Path(".shardless/local.json")
 
@@ -55,16 +56,16 @@ def default_checkpoint(app: str) -> str:
     """`<user state dir>/checkpoints/<app>`, under a private (0o700) `checkpoints` made
     now: `$XDG_STATE_HOME/shardless` or `~/.local/state/shardless`. (`app` is checked by
     `JobConfig` before anything is made under it.)"""
-    from shardless.processor.local_dirs import private_dir, user_state_dir
+    from shardless.processor.runtime.local_dirs import private_dir, user_state_dir
 
     return str(private_dir(user_state_dir() / "checkpoints") / app)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from shardless.processor.app import load_handler
-    from shardless.processor.config import JobConfig
-    from shardless.processor.job import console_sink, parquet_sink, start
-    from shardless.processor.spark import session
+    from shardless.processor.api.app import load_handler
+    from shardless.processor.driver.config import JobConfig
+    from shardless.processor.driver.job import console_sink, parquet_sink, start
+    from shardless.processor.driver.spark import session
 
     handler = load_handler(args.app_file)
     cfg = JobConfig(
@@ -130,7 +131,7 @@ def our_error(text: str) -> str | None:
 
 def _produce(args: argparse.Namespace) -> int:
     from shardless.changelog import aws
-    from shardless.processor.producer import ensure_stream, produce
+    from shardless.processor.local.producer import ensure_stream, produce
 
     kinesis = aws.client("kinesis")
     ensure_stream(kinesis, args.stream, args.shards)
@@ -140,7 +141,7 @@ def _produce(args: argparse.Namespace) -> int:
 
 
 def _demo(_: argparse.Namespace) -> int:
-    from shardless.processor import demo
+    from shardless.processor.local import demo
 
     return demo.main()
 

@@ -22,13 +22,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from shardless.processor.api import Event, Timer
-from shardless.processor.app import load_handler
-from shardless.processor.dead_letter import DeadLetter
-from shardless.processor.handlers import HandlerFactory
-from shardless.processor.policies import RecordPolicy
-from shardless.processor.routing import route
-from shardless.processor.task import run_slice
+from shardless.processor.api.app import load_handler
+from shardless.processor.api.context import Event, Timer
+from shardless.processor.api.handlers import HandlerFactory
+from shardless.processor.api.policies import RecordPolicy
+from shardless.processor.runtime.dead_letter import DeadLetter
+from shardless.processor.runtime.routing import route
+from shardless.processor.runtime.slice_runner import run_slice
 from shardless.state import encoding, keys, timers, ttl
 from shardless.state.slices import DEFAULT_SLICES
 from shardless.state.store import SliceStore

@@ -13,20 +13,20 @@ from typing import TYPE_CHECKING, Any
 
 # name -> the module that defines it
 _EXPORTS = {
-    "JobConfig": "shardless.processor.config",
-    "start": "shardless.processor.job",
-    "parquet_sink": "shardless.processor.job",
-    "console_sink": "shardless.processor.job",
-    "BatchReport": "shardless.processor.job",
-    "session": "shardless.processor.spark",
-    "kinesis_sink": "shardless.processor.kinesis_sink",
+    "JobConfig": "shardless.processor.driver.config",
+    "start": "shardless.processor.driver.job",
+    "parquet_sink": "shardless.processor.driver.job",
+    "console_sink": "shardless.processor.driver.job",
+    "BatchReport": "shardless.processor.driver.job",
+    "session": "shardless.processor.driver.spark",
+    "kinesis_sink": "shardless.processor.kinesis.sink",
     "TestDriver": "shardless.processor.testing",
-    "load_handler": "shardless.processor.app",
-    "HandlerFactory": "shardless.processor.handlers",
-    "RecordPolicy": "shardless.processor.policies",
-    "Event": "shardless.processor.api",
-    "Context": "shardless.processor.api",
-    "Timer": "shardless.processor.api",
+    "load_handler": "shardless.processor.api.app",
+    "HandlerFactory": "shardless.processor.api.handlers",
+    "RecordPolicy": "shardless.processor.api.policies",
+    "Event": "shardless.processor.api.context",
+    "Context": "shardless.processor.api.context",
+    "Timer": "shardless.processor.api.context",
 }
 
 __all__ = [
@@ -47,14 +47,14 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from shardless.processor.api import Context, Event, Timer
-    from shardless.processor.app import load_handler
-    from shardless.processor.config import JobConfig
-    from shardless.processor.handlers import HandlerFactory
-    from shardless.processor.job import BatchReport, console_sink, parquet_sink, start
-    from shardless.processor.kinesis_sink import kinesis_sink
-    from shardless.processor.policies import RecordPolicy
-    from shardless.processor.spark import session
+    from shardless.processor.api.app import load_handler
+    from shardless.processor.api.context import Context, Event, Timer
+    from shardless.processor.api.handlers import HandlerFactory
+    from shardless.processor.api.policies import RecordPolicy
+    from shardless.processor.driver.config import JobConfig
+    from shardless.processor.driver.job import BatchReport, console_sink, parquet_sink, start
+    from shardless.processor.driver.spark import session
+    from shardless.processor.kinesis.sink import kinesis_sink
     from shardless.processor.testing import TestDriver
 
 

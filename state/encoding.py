@@ -36,11 +36,11 @@ def _no_ext(code: int, data: bytes) -> Any:
     raise ValueError(f"msgpack extension type {code} is not a shardless value")
 
 
-# The per-record path's two halves, in C. One Packer: building one per call costs most of a
-# small pack; its pack() runs without releasing the GIL, so threads cannot interleave
-# inside it. `shardless.processor.api.KeyedState` calls them directly to save a Python call per
-# record: a value that fails either, or is too large, must then go on to
-# `encode_msgpack`/`decode_msgpack` for its error.
+# The per-record path's two halves, in C. One Packer: building one per call costs most of a small
+# pack; its pack() runs without releasing the GIL, so threads cannot interleave inside it.
+# `shardless.processor.api.context.KeyedState` calls them directly to save a Python call per record:
+# a value that fails either, or is too large, must then go on to `encode_msgpack`/`decode_msgpack`
+# for its error.
 pack_msgpack: Callable[[Any], bytes] = msgpack.Packer(use_bin_type=True, datetime=False).pack
 unpack_msgpack: Callable[[bytes], Any] = partial(
     msgpack.unpackb, raw=False, strict_map_key=False, ext_hook=_no_ext

@@ -16,7 +16,7 @@ import pytest
 
 from shardless.changelog import resources
 from shardless.changelog.layout import AppLocation
-from shardless.processor import local_aws
+from shardless.processor.local import emulators as local_aws
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +37,7 @@ def aws(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_aws.LocalAws
 
 @pytest.fixture(scope="session")
 def spark(aws: local_aws.LocalAws):  # noqa: ANN201
-    from shardless.processor.spark import session
+    from shardless.processor.driver.spark import session
 
     s = session("local[2]", groups=4, app_name="shardless-tests")
     yield s
@@ -50,7 +50,7 @@ def _close_slice_stores() -> Iterator[None]:
     each test's application gets its own cache, and open RocksDB files would otherwise
     pile up past the 1024 descriptors that py4j's select() can watch."""
     yield
-    from shardless.processor.stores import close_caches
+    from shardless.processor.runtime.stores import close_caches
 
     close_caches()
 
@@ -112,7 +112,7 @@ import os
 os.environ.update(AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="x", AWS_DEFAULT_REGION="us-east-1")
 import boto3
 from moto import mock_aws
-from shardless.processor import moto_server
+from shardless.processor.local import moto_server
 moto_server._patch()
 
 
@@ -126,10 +126,10 @@ def hash_table(ddb, name="t"):
 @pytest.fixture
 def in_process_moto() -> Callable[[str], list[str]]:
     """Run a Python script in a subprocess whose moto runs in-process (`mock_aws`) with
-    `shardless.processor.moto_server`'s fixes (they patch moto's modules, so not in this process);
-    returns the words it printed. The script starts with `boto3`, `mock_aws`, fake
-    credentials and `hash_table(ddb, name="t")` (a table keyed by `pk` alone) in place.
-    The session's emulator endpoints are left out of its environment: a request sent to
+    `shardless.processor.local.moto_server`'s fixes (they patch moto's modules, so not in this
+    process); returns the words it printed. The script starts with `boto3`, `mock_aws`, fake
+    credentials and `hash_table(ddb, name="t")` (a table keyed by `pk` alone) in place. The
+    session's emulator endpoints are left out of its environment: a request sent to
     the session's server would find other tests' tables."""
 
     def run(script: str) -> list[str]:

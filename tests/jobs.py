@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from shardless.changelog.layout import AppLocation
-from shardless.processor.config import JobConfig
+from shardless.processor.driver.config import JobConfig
 
 
 def job_config(
@@ -42,6 +42,6 @@ def capture_cli_starts(monkeypatch: Any) -> list[JobConfig]:
         seen.append(cfg)
         return Query()
 
-    monkeypatch.setattr("shardless.processor.job.start", fake_start)
-    monkeypatch.setattr("shardless.processor.spark.session", lambda *a, **k: None)
+    monkeypatch.setattr("shardless.processor.driver.job.start", fake_start)
+    monkeypatch.setattr("shardless.processor.driver.spark.session", lambda *a, **k: None)
     return seen

@@ -10,7 +10,8 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from shardless.processor import cli, local_aws
+from shardless.processor import cli
+from shardless.processor.local import emulators as local_aws
 from tests.test_local_aws import _alive
 
 
@@ -137,7 +138,7 @@ def test_refused_local_up_writes_nothing_to_stdout(
     ],
 )
 def test_snapshot_options_are_checked(option, value, message):
-    from shardless.processor.config import JobConfig
+    from shardless.processor.driver.config import JobConfig
     from shardless.processor.errors import ConfigError
 
     with pytest.raises(ConfigError, match=message):
@@ -154,7 +155,7 @@ ValueError: boom
 The above exception was the direct cause of the following exception:
 shardless.processor.errors.ProcessorError: handler failed on s/0/1: ValueError: boom
 	at org.apache.spark.api.python.BasePythonRunner...
-shardless.processor.dead_letter.DeadLetterError: cannot write 2 dead letters: NoSuchBucket
+shardless.processor.runtime.dead_letter.DeadLetterError: cannot write 2 dead letters: NoSuchBucket
 """
     assert our_error(text) == "cannot write 2 dead letters: NoSuchBucket"
     assert our_error(text.rsplit("\n", 2)[0]) == ("handler failed on s/0/1: ValueError: boom")
@@ -162,7 +163,7 @@ shardless.processor.dead_letter.DeadLetterError: cannot write 2 dead letters: No
 
 
 def test_run_leaves_the_master_to_spark_submit_unless_given(monkeypatch):
-    from shardless.processor import spark as spark_mod
+    from shardless.processor.driver import spark as spark_mod
 
     assert cli.parser().parse_args(["run", "app.py", "--app", "a", "--stream", "s"]).master is None
     monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1234")

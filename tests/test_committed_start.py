@@ -2,8 +2,8 @@
 application's state exactly once, including after a driver died between a batch's state
 commit and its progress record.
 
-The first tests drive `shardless.processor.progress` against moto (records, fencing, undo of commits
-past the progress); the slow ones run the real job (Spark, kinesalite, moto over HTTP) and
+The first tests drive `shardless.processor.driver.progress` against moto (records, fencing, undo of
+commits past the progress); the slow ones run the real job (Spark, kinesalite, moto over HTTP) and
 compare state and outputs with a plain-Python fold of the whole stream.
 """
 
@@ -20,11 +20,12 @@ import pytest
 from shardless.changelog import resources
 from shardless.changelog.durable import DurableState, SliceCommit
 from shardless.changelog.layout import AppLocation
-from shardless.processor import demo, progress, takeover
-from shardless.processor.app import load_handler
-from shardless.processor.config import JobConfig
+from shardless.processor.api.app import load_handler
+from shardless.processor.driver import progress, takeover
+from shardless.processor.driver.config import JobConfig
+from shardless.processor.driver.job import BatchReport, parquet_sink, prepare, start
 from shardless.processor.errors import ConfigError, ProcessorError
-from shardless.processor.job import BatchReport, parquet_sink, prepare, start
+from shardless.processor.local import demo
 from tests.test_end_to_end import APP, produce
 
 POSITIONS = {

@@ -9,17 +9,17 @@ import uuid
 import boto3
 import pytest
 
-from shardless.processor import dead_letter
-from shardless.processor.dead_letter import (
+from shardless.processor.api.decoders import decoder, describe
+from shardless.processor.errors import ConfigError
+from shardless.processor.local.faults.fault_proxy import FaultProxy, Rule
+from shardless.processor.runtime import dead_letter
+from shardless.processor.runtime.dead_letter import (
     DeadLetter,
     DeadLetterError,
     KinesisTarget,
     S3Target,
     target,
 )
-from shardless.processor.decoders import decoder, describe
-from shardless.processor.errors import ConfigError
-from shardless.processor.fault_proxy import FaultProxy, Rule
 
 
 def letters(n: int) -> list[DeadLetter]:

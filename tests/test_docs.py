@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from shardless.processor import cli
-from shardless.processor.config import JobConfig
+from shardless.processor.driver.config import JobConfig
 from shardless.processor.kinesis import source
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardless.processor import demo
-from shardless.processor.app import load_handler
-from shardless.processor.config import JobConfig
+from shardless.processor.api.app import load_handler
+from shardless.processor.driver.config import JobConfig
+from shardless.processor.driver.job import BatchReport, parquet_sink, prepare, start
 from shardless.processor.errors import ConfigError
-from shardless.processor.job import BatchReport, parquet_sink, prepare, start
+from shardless.processor.local import demo
 from tests.jobs import job_config
 
 pytestmark = pytest.mark.slow
@@ -110,7 +110,7 @@ def test_timers_fire_in_slices_that_receive_no_more_records(
 ):
     """A continuous query: Spark's processing-time timeout calls idle groups, so a timer
     set by a record fires in a later batch that holds no records at all."""
-    from shardless.processor.handlers import HandlerFactory
+    from shardless.processor.api.handlers import HandlerFactory
 
     def process(event, ctx):
         ctx.timers.set(ctx.now_ms + 1500)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from shardless.processor.api import Timer
+from shardless.processor.api.context import Timer
 from shardless.processor.testing import TestDriver
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -17,7 +17,8 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 from botocore.retries.standard import ExponentialBackoff
 
-from shardless.processor.fault_proxy import (
+from shardless.processor.local.emulators import LocalAws
+from shardless.processor.local.faults.fault_proxy import (
     Call,
     FaultProxy,
     Rule,
@@ -25,7 +26,6 @@ from shardless.processor.fault_proxy import (
     error_answer,
     unprocessed_answer,
 )
-from shardless.processor.local_aws import LocalAws
 
 
 @pytest.fixture(autouse=True)

@@ -21,9 +21,9 @@ import json
 import pytest
 
 from bench.faults import run_harness
-from shardless.processor.fault_proxy import Rule
-from shardless.processor.faults import check
-from shardless.processor.faults.schedule import (
+from shardless.processor.local.faults import check
+from shardless.processor.local.faults.fault_proxy import Rule
+from shardless.processor.local.faults.schedule import (
     EXECUTOR_KILL,
     GC_RUNNING,
     KILLS,

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from shardless.processor import recorder
+from shardless.processor.driver import recorder
 from shardless.processor.errors import ProcessorError
-from shardless.processor.grouping import group_keys, group_of, slices_of_key
-from shardless.processor.routing import route
+from shardless.processor.runtime.grouping import group_keys, group_of, slices_of_key
+from shardless.processor.runtime.routing import route
 from tests.test_runtime import SLICES, durable_counts, frame, runner
 
 

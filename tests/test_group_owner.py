@@ -17,11 +17,11 @@ import pandas as pd
 import pytest
 
 from shardless.changelog.durable import DurableState
-from shardless.processor import owner
-from shardless.processor.config import JobConfig
+from shardless.processor.api.handlers import HandlerFactory
+from shardless.processor.driver.config import JobConfig
 from shardless.processor.errors import ConfigError, ProcessorError
-from shardless.processor.handlers import HandlerFactory
-from shardless.processor.runtime import GroupRunner, RuntimeConfig
+from shardless.processor.runtime import owner
+from shardless.processor.runtime.group_runner import GroupRunner, RuntimeConfig
 from tests.test_runtime import KEYS, SLICES, count_handler, durable_counts, frame, metrics_of
 
 pytestmark = pytest.mark.skipif(not owner.supported(), reason="owner processes need Linux")
@@ -91,7 +91,7 @@ def test_an_owner_runs_every_batch_of_its_group_and_keeps_its_stores(location, o
         assert "owner_request" in m["timings"]
     assert len(set(seen)) == 1 and seen[0] != os.getpid()
     assert owner.pid(r.local_dir, r.app, 0) == seen[0]
-    assert "shardless.processor.owner" in Path(f"/proc/{seen[0]}/cmdline").read_text()
+    assert "shardless.processor.runtime.owner" in Path(f"/proc/{seen[0]}/cmdline").read_text()
     assert durable_counts(location) == Counter(KEYS)
 
 
@@ -233,7 +233,7 @@ def test_under_local_2_each_group_stays_in_its_owner_and_outputs_equal_the_fold(
     """Spark `local[2]` hands groups to either Python worker; with owner processes each
     group runs in the same process every batch, catches nothing up, and the outputs are
     the plain fold's."""
-    from shardless.processor import demo
+    from shardless.processor.local import demo
     from tests.jobs import job_config
     from tests.test_end_to_end import produce, run_job
 
@@ -259,7 +259,9 @@ def test_under_local_2_each_group_stays_in_its_owner_and_outputs_equal_the_fold(
         assert sum(r.records for r in reports) == total == 1200
         assert demo.check_outputs(spark, str(tmp_path / "out"), expected) == []
     finally:
-        for g in by_group:  # the group keys (`shardless.processor.grouping`), not 0..groups-1
+        for (
+            g
+        ) in by_group:  # the group keys (`shardless.processor.runtime.grouping`), not 0..groups-1
             owner.stop(cfg.local_dir, cfg.app, g)
 
 
@@ -324,7 +326,7 @@ def test_an_owner_refuses_a_caller_of_another_user_and_keeps_serving(owned) -> N
 def test_an_owner_profiles_its_batches_when_asked(owned, monkeypatch, tmp_path) -> None:  # noqa: ANN001
     import pstats
 
-    from shardless.processor.runtime import PROFILE_ENV
+    from shardless.processor.runtime.process import PROFILE_ENV
 
     monkeypatch.setenv(PROFILE_ENV, str(tmp_path / "prof"))  # the owner inherits it
     runner = owned()

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shardless.processor.grouping import (
+from shardless.processor.runtime.grouping import (
     SPARK_SEED,
     group_keys,
     group_of,

@@ -14,15 +14,15 @@ import pytest
 from shardless.changelog.errors import ConfigurationError
 from shardless.changelog.layout import AppLocation, check_app_name
 from shardless.processor import cli
-from shardless.processor.config import JobConfig
+from shardless.processor.driver.config import JobConfig
 from shardless.processor.errors import ConfigError
 from shardless.processor.kinesis import reader
 from shardless.processor.kinesis.batch_log import BatchLog
 from shardless.processor.kinesis.kpl import MAGIC, deaggregate
 from shardless.processor.kinesis.reader import ShardRead, read_shard
 from shardless.processor.kinesis.rows import record_batch
-from shardless.processor.kinesis_sink import chunks, record
-from shardless.processor.routing import hash_key, key_text, route, shard_slices
+from shardless.processor.kinesis.sink import chunks, record
+from shardless.processor.runtime.routing import hash_key, key_text, route, shard_slices
 from tests.jobs import capture_cli_starts
 
 BAD_APPS = [
@@ -213,7 +213,7 @@ def test_the_cli_default_checkpoint_is_the_users_own_and_private(home, tmp_path,
 
 def test_an_executors_store_directory_is_checked_where_it_is_made(tmp_path):
     """The stores live where executors make them, not only where the driver checked."""
-    from shardless.processor.stores import cache_for, close_caches
+    from shardless.processor.runtime.stores import cache_for, close_caches
 
     made = tmp_path / "fresh" / "stores"
     cache_for(str(made), "app-one", 4)

@@ -21,13 +21,13 @@ import boto3
 import pytest
 
 from shardless.changelog.layout import AppLocation
-from shardless.processor import local_aws
 from shardless.processor.errors import SourceError
 from shardless.processor.kinesis import positions, reader
 from shardless.processor.kinesis.batch_log import BatchLog
 from shardless.processor.kinesis.reader import ShardRead, read_shard
 from shardless.processor.kinesis.shards import Shard, vanished
 from shardless.processor.kinesis.source import KinesisStreamReader
+from shardless.processor.local import emulators as local_aws
 
 JUMP_S = 25 * 3600
 TRIM_HORIZON = {"type": "TRIM_HORIZON"}

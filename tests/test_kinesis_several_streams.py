@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from shardless.changelog.layout import AppLocation
-from shardless.processor.handlers import HandlerFactory
-from shardless.processor.job import start
-from shardless.processor.routing import route
+from shardless.processor.api.handlers import HandlerFactory
+from shardless.processor.driver.job import start
+from shardless.processor.runtime.routing import route
 from tests.jobs import job_config
 
 pytestmark = pytest.mark.slow

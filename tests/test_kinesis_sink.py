@@ -11,9 +11,8 @@ from collections import Counter
 import pytest
 
 from shardless.processor.errors import ConfigError
-from shardless.processor.faults.proxy import PartialFailure, Proxy
 from shardless.processor.kinesis.shards import stream_records
-from shardless.processor.kinesis_sink import (
+from shardless.processor.kinesis.sink import (
     MAX_BYTES_PER_CALL,
     MAX_RECORDS_PER_CALL,
     KinesisSinkError,
@@ -23,6 +22,7 @@ from shardless.processor.kinesis_sink import (
     put_all,
     record,
 )
+from shardless.processor.local.faults.proxy import PartialFailure, Proxy
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from shardless.changelog.layout import AppLocation
-from shardless.processor.routing import route
+from shardless.processor.runtime.routing import route
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ import pytest
 from aws_kinesis_agg.aggregator import RecordAggregator
 
 from shardless.changelog.layout import AppLocation
-from shardless.processor.routing import hash_key, route
+from shardless.processor.runtime.routing import hash_key, route
 
 pytestmark = pytest.mark.slow
 

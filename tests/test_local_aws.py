@@ -11,7 +11,7 @@ import boto3
 import pytest
 from botocore.client import BaseClient
 
-from shardless.processor.local_aws import LocalAws, LocalAwsError, start
+from shardless.processor.local.emulators import LocalAws, LocalAwsError, start
 
 # Variables that could steer boto3 away from the emulators on a developer's machine.
 _STRAY_AWS_VARS = (

@@ -1,5 +1,5 @@
-"""shardless.processor.moto_server's DynamoDB: a failed transaction leaves exactly what was there
-before, conditions are judged with their own values, and a transaction copies only the
+"""shardless.processor.local.moto_server's DynamoDB: a failed transaction leaves exactly what was
+there before, conditions are judged with their own values, and a transaction copies only the
 items it names. Against the session's moto server over HTTP, which runs that entry point."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from shardless.changelog.resources import TABLE_SCHEMA
-from shardless.processor import local_aws
+from shardless.processor.local import emulators as local_aws
 
 
 @pytest.fixture

@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardless.processor.config import JobConfig
+from shardless.processor.api.policies import RecordPolicy
+from shardless.processor.driver.config import JobConfig
 from shardless.processor.errors import ConfigError, ProcessorError
-from shardless.processor.policies import RecordPolicy
 from shardless.processor.testing import TestDriver
 from tests.jobs import job_config
 
@@ -190,8 +190,8 @@ def _put(kinesis, stream: str, payloads: list[tuple[str, bytes]]) -> None:  # no
 
 
 def _run(spark, cfg: JobConfig, tmp_path, handler) -> None:  # noqa: ANN001
-    from shardless.processor.handlers import HandlerFactory
-    from shardless.processor.job import parquet_sink, start
+    from shardless.processor.api.handlers import HandlerFactory
+    from shardless.processor.driver.job import parquet_sink, start
 
     query = start(
         spark,
@@ -239,7 +239,7 @@ def test_the_job_sets_poison_records_aside_in_s3_and_counts_the_rest_once(
             continue
         t = expected.get(key, {"count": 0, "sum": 0})
         expected[key] = {"count": t["count"] + 1, "sum": t["sum"] + i}
-    from shardless.processor import demo
+    from shardless.processor.local import demo
 
     rebuilt, _ = demo.durable_state(cfg, tmp_path / "verify")
     assert rebuilt == expected

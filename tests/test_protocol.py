@@ -15,7 +15,7 @@ import pytest
 from bench import protocol
 from bench.protocol import Settings, run_once
 from bench.protocol_app import Spec
-from shardless.processor import runtime
+from shardless.processor.runtime import group_runner as runtime
 
 
 def settings(max_steps: int = 20) -> Settings:

@@ -16,7 +16,7 @@ from shardless.changelog import aws, fence, rollback
 from shardless.changelog.durable import DurableState, SliceCommit, request_token
 from shardless.changelog.errors import ThrottledError
 from shardless.changelog.fence import QueryFencedError
-from shardless.processor import progress, takeover
+from shardless.processor.driver import progress, takeover
 from shardless.processor.errors import ConfigError, ProcessorError
 from tests.test_committed_start import a_record
 from tests.test_runtime import KEYS, durable_counts, frame, outputs, runner
@@ -269,7 +269,7 @@ def test_a_rollback_cuts_later_queries_commits_on_slices_the_target_query_never_
     """Query one wrote only user-1's slice; query two, continuing it, wrote other slices.
     Rolled back to query one's batch 0, those commits must go too (found by bench.protocol:
     a slice without query one's history stayed where it was)."""
-    from shardless.processor.state_select import targets
+    from shardless.processor.tools.selection import targets
 
     r1, r2 = runner(location, tmp_path / "one"), runner(location, tmp_path / "two")
     takeover.register(location, "query-one", 0, None)

@@ -24,8 +24,8 @@ import pytest
 from botocore.exceptions import ClientError
 
 from shardless.changelog.layout import AppLocation
-from shardless.processor import local_aws
 from shardless.processor.kinesis.source import kinesis_client
+from shardless.processor.local import emulators as local_aws
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ from shardless.changelog.durable import DurableState
 from shardless.changelog.errors import CorruptObjectError
 from shardless.changelog.restore import RestoreJob, identity, restore_many
 from shardless.changelog.snapshot import identity_file, manifests
-from shardless.processor.stores import StoreCache
+from shardless.processor.runtime.stores import StoreCache
 from shardless.state.store import SliceStore
 from tests.test_durable import SLICES, commit, kv, snapshot_of
 

@@ -16,10 +16,10 @@ import pytest
 from shardless.changelog import resources
 from shardless.changelog.durable import DurableState
 from shardless.changelog.layout import AppLocation
+from shardless.processor.api.handlers import HandlerFactory
 from shardless.processor.errors import ProcessorError
-from shardless.processor.handlers import HandlerFactory
-from shardless.processor.routing import route
-from shardless.processor.runtime import GroupRunner, RuntimeConfig
+from shardless.processor.runtime.group_runner import GroupRunner, RuntimeConfig
+from shardless.processor.runtime.routing import route
 
 SLICES = 16
 
@@ -136,7 +136,7 @@ def open_files_under(path: Path) -> int:
 
 
 def test_closing_a_cache_releases_its_stores_and_the_next_batch_reopens_them(location, tmp_path):
-    from shardless.processor.stores import cache_for, close_caches
+    from shardless.processor.runtime.stores import cache_for, close_caches
 
     other = AppLocation.default(f"{location.app}-b")
     resources.ensure(other, SLICES)
@@ -307,7 +307,7 @@ def test_a_group_moving_to_another_worker_of_the_host_reads_no_heads_and_no_s3(
     import os
 
     from shardless.changelog import aws
-    from shardless.processor import stores
+    from shardless.processor.runtime import stores
 
     r = runner(location, tmp_path)
     key = (str(tmp_path), location.app, SLICES)
@@ -344,24 +344,24 @@ def test_a_group_moving_to_another_worker_of_the_host_reads_no_heads_and_no_s3(
 def test_the_cycle_collector_pauses_for_a_batch_and_freezes_the_worker_once(monkeypatch):
     import gc
 
-    from shardless.processor import runtime
+    from shardless.processor.runtime import process
 
-    monkeypatch.setattr(runtime, "_frozen", False)
+    monkeypatch.setattr(process, "_frozen", False)
     frozen_before = gc.get_freeze_count()
     assert gc.isenabled()
     try:
-        with runtime.no_cycle_collection():
+        with process.no_cycle_collection():
             assert not gc.isenabled()
-        assert gc.isenabled() and runtime._frozen
+        assert gc.isenabled() and process._frozen
         assert gc.get_freeze_count() > frozen_before  # the worker's objects, once
-        with runtime.no_cycle_collection():
+        with process.no_cycle_collection():
             assert not gc.isenabled()
         assert gc.isenabled()
-        with pytest.raises(ValueError), runtime.no_cycle_collection():
+        with pytest.raises(ValueError), process.no_cycle_collection():
             raise ValueError("a failing batch")
         assert gc.isenabled()  # back on after a failure
         gc.disable()
-        with runtime.no_cycle_collection():
+        with process.no_cycle_collection():
             pass
         assert not gc.isenabled()  # a caller that turned it off keeps it off
     finally:
@@ -372,9 +372,9 @@ def test_the_cycle_collector_pauses_for_a_batch_and_freezes_the_worker_once(monk
 @pytest.fixture
 def helper(monkeypatch, transfer_helper):
     """The runtime's snapshot uploads go to a new helper process."""
-    from shardless.processor import runtime
+    from shardless.processor.runtime import group_runner
 
-    monkeypatch.setattr(runtime, "transfer_process", lambda: transfer_helper)
+    monkeypatch.setattr(group_runner, "transfer_process", lambda: transfer_helper)
     return transfer_helper
 
 
@@ -411,14 +411,14 @@ def test_snapshots_upload_where_configured_name_their_batch_and_restore(
 def test_a_snapshot_the_helper_cannot_take_is_left_out_and_the_batch_commits(
     location, tmp_path, helper, monkeypatch, caplog
 ):
-    from shardless.processor import runtime
+    from shardless.processor.runtime import group_runner
 
     def no_checkpoint(cfg, slice_id, version, checkpoint, head):
         shutil.rmtree(checkpoint)  # the helper finds nothing to upload
         return start(cfg, slice_id, version, checkpoint, head)
 
-    start = runtime._start_snapshot
-    monkeypatch.setattr(runtime, "_start_snapshot", no_checkpoint)
+    start = group_runner._start_snapshot
+    monkeypatch.setattr(group_runner, "_start_snapshot", no_checkpoint)
     r = runner(location, tmp_path, snapshot_every=1, snapshot_uploads="helper")
     r.run(0, "q", 0, frame(["user-1"]))
     out = r.run(0, "q", 1, frame(["user-1"], 100))
@@ -436,7 +436,7 @@ def test_the_batch_before_a_snapshot_starts_its_memtable_flush(location, tmp_pat
     import time
 
     from shardless.changelog.layout import snapshot_due
-    from shardless.processor.stores import cache_for
+    from shardless.processor.runtime.stores import cache_for
 
     every = 3
     r = runner(location, tmp_path, snapshot_every=every)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardless.processor.routing import hash_key, key_text, route, shard_slices
+from shardless.processor.runtime.routing import hash_key, key_text, route, shard_slices
 from shardless.state.slices import (
     HASH_SPACE,
     check_slices,

@@ -7,7 +7,7 @@ ended, before Spark commits the batch. More events arrive while it is down; a ne
 the same checkpoint re-runs the interrupted batch, which must read exactly the recorded
 ends (none of the new events), and drains the stream. Then the durable state, rebuilt from S3 and
 DynamoDB alone, and the outputs are compared with a plain-Python fold of the stream
-(`processor/faults/check.py`): every event counted once, per user in stream order.
+(`processor/local/faults/check.py`): every event counted once, per user in stream order.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 
 from shardless.changelog.layout import AppLocation
-from shardless.processor.config import JobConfig
-from shardless.processor.faults import check, events
-from shardless.processor.faults.driver import REPO, Driver, running_batch
+from shardless.processor.driver.config import JobConfig
 from shardless.processor.kinesis.batch_log import BatchLog
+from shardless.processor.local.faults import check, events
+from shardless.processor.local.faults.driver import REPO, Driver, running_batch
 from tests.jobs import job_config
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ import pytest
 
 from shardless.changelog.layout import AppLocation
 from shardless.processor import cli
-from shardless.processor.config import JobConfig
+from shardless.processor.driver.config import JobConfig
 from shardless.processor.errors import ConfigError
 from shardless.processor.kinesis.kpl import MAGIC
 from shardless.processor.kinesis.source import KinesisStreamReader
@@ -135,7 +135,7 @@ def test_the_run_command_passes_its_source_flags_into_the_job(tmp_path, monkeypa
 def test_prepare_reaches_kinesis_at_the_configured_endpoint(
     aws, make_stream, location, tmp_path, monkeypatch
 ):
-    from shardless.processor.job import prepare
+    from shardless.processor.driver.job import prepare
 
     stream = make_stream(1)
     monkeypatch.setenv("AWS_ENDPOINT_URL_KINESIS", "http://127.0.0.1:9")
@@ -163,8 +163,8 @@ def test_prepare_reaches_kinesis_at_the_configured_endpoint(
 def test_a_job_with_on_corrupt_aggregate_skip_drops_only_the_corrupt_record(
     spark, kinesis, make_stream: Callable[[int], str], location: AppLocation, tmp_path: Path
 ):
-    from shardless.processor.handlers import HandlerFactory
-    from shardless.processor.job import start
+    from shardless.processor.api.handlers import HandlerFactory
+    from shardless.processor.driver.job import start
 
     stream = make_stream(1)
     keys = [f"k{i}" for i in range(20)]

@@ -5,7 +5,7 @@ query on the shared session while events are produced in bursts and the stream r
 between them: a split, a split of a child, a merge of a child with its neighbour. Each burst
 leaves the shards about to close with unread records. Then the durable state rebuilt from S3
 and DynamoDB alone, the outputs, and the per-user order of the outputs are compared with a
-plain-Python fold of the stream (`processor/faults/check.py`). `tests/test_reshard.py` checks
+plain-Python fold of the stream (`processor/local/faults/check.py`). `tests/test_reshard.py` checks
 the same on the source's rows alone, and UpdateShardCount on kinesis-local.
 """
 
@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from shardless.changelog.layout import AppLocation
-from shardless.processor.app import load_handler
-from shardless.processor.faults import check, events
-from shardless.processor.faults.driver import REPO
-from shardless.processor.job import BatchReport, parquet_sink, start
+from shardless.processor.api.app import load_handler
+from shardless.processor.driver.job import BatchReport, parquet_sink, start
+from shardless.processor.local.faults import check, events
+from shardless.processor.local.faults.driver import REPO
 from tests.jobs import job_config
 
 pytestmark = pytest.mark.slow

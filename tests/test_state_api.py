@@ -168,7 +168,7 @@ def test_timers_survive_a_restart():
     def on_timer(timer, ctx):
         ctx.emit("fired")
 
-    from shardless.processor.handlers import HandlerFactory
+    from shardless.processor.api.handlers import HandlerFactory
 
     d = TestDriver(HandlerFactory(process, on_timer=on_timer))
     d.send("k", b"")
@@ -185,7 +185,7 @@ def test_event_time_timers_fire_when_the_watermark_passes_them():
     def on_timer(timer, ctx):
         ctx.emit((timer.kind, timer.ts))
 
-    from shardless.processor.handlers import HandlerFactory
+    from shardless.processor.api.handlers import HandlerFactory
 
     d = TestDriver(HandlerFactory(process, on_timer=on_timer), allowed_lateness_ms=50)
     d.send("k", b"", event_time_ms=1000)
@@ -205,7 +205,7 @@ def test_timers_fire_in_timestamp_order_across_keys():
     def on_timer(timer, ctx):
         ctx.emit(timer.ts)
 
-    from shardless.processor.handlers import HandlerFactory
+    from shardless.processor.api.handlers import HandlerFactory
 
     d = TestDriver(HandlerFactory(process, on_timer=on_timer), slices=1, start_ms=0)
     for k, ts in [("a", 30), ("b", 10), ("c", 20), ("a", 5)]:

@@ -53,7 +53,8 @@ def test_encode_then_decode_round_trips_plain_values(value: object) -> None:
 
 @given(plain_values)
 def test_the_inlined_msgpack_halves_agree_with_encode_and_decode(value: object) -> None:
-    """`shardless.processor.api` inlines `encode_msgpack` and `decode_msgpack` with these."""
+    """`shardless.processor.api.context` inlines `encode_msgpack` and `decode_msgpack`
+    with these."""
     raw = encoding.MSGPACK_BYTE + encoding.pack_msgpack(value)
     assert raw == encode(value) == encoding.encode_msgpack(value, "k")
     assert encoding.unpack_msgpack(raw[1:]) == decode(raw) == encoding.decode_msgpack(raw, "k")

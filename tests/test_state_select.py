@@ -7,7 +7,7 @@ import pytest
 from shardless.changelog.inspect import StateQueryError
 from shardless.changelog.layout import Head, LogEntry, SnapRef
 from shardless.changelog.lease import Lease, activity
-from shardless.processor.state_select import latest_query, parse_slices, targets
+from shardless.processor.tools.selection import latest_query, parse_slices, targets
 
 
 def entry(version: int, batch: int, query: str = "q1234567") -> LogEntry:

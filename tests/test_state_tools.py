@@ -20,13 +20,15 @@ import pytest
 
 from shardless.changelog import lease, resources
 from shardless.changelog.layout import AppLocation
-from shardless.processor import cli, demo, progress
-from shardless.processor.app import load_handler
-from shardless.processor.config import JobConfig
-from shardless.processor.job import parquet_sink, start
-from shardless.processor.progress_bar import Bar, render
-from shardless.processor.routing import route
-from shardless.processor.state_select import parse_slices
+from shardless.processor import cli
+from shardless.processor.api.app import load_handler
+from shardless.processor.driver import progress
+from shardless.processor.driver.config import JobConfig
+from shardless.processor.driver.job import parquet_sink, start
+from shardless.processor.local import demo
+from shardless.processor.runtime.routing import route
+from shardless.processor.tools.progress_bar import Bar, render
+from shardless.processor.tools.selection import parse_slices
 from tests.jobs import job_config
 from tests.test_end_to_end import APP, produce
 
@@ -302,7 +304,7 @@ def test_a_running_job_holds_the_lease_and_releases_it_when_stopped(
 ):
     import time
 
-    from shardless.processor.handlers import HandlerFactory
+    from shardless.processor.api.handlers import HandlerFactory
 
     stream = make_stream(1)
     kinesis.put_record(StreamName=stream, PartitionKey="k", Data=b"{}")

@@ -13,10 +13,10 @@ import pytest
 from shardless.changelog import rollback
 from shardless.changelog.durable import DurableState
 from shardless.changelog.layout import TIMERS_UNKNOWN
-from shardless.processor.handlers import HandlerFactory
-from shardless.processor.job import BatchReport, start
-from shardless.processor.runtime import GroupRunner
-from shardless.processor.timer_source import pending_slices, wake_rows
+from shardless.processor.api.handlers import HandlerFactory
+from shardless.processor.driver.job import BatchReport, start
+from shardless.processor.driver.timer_source import pending_slices, wake_rows
+from shardless.processor.runtime.group_runner import GroupRunner
 from tests.jobs import job_config
 from tests.test_runtime import SLICES, frame, outputs, runner
 
@@ -130,7 +130,7 @@ def test_a_checkpoint_written_before_the_timer_source_restarts_with_its_one_sour
 ):
     """Checkpoints of earlier versions read the Kinesis source alone, and Spark refuses to
     restart a query with another number of sources: such a checkpoint keeps one."""
-    from shardless.processor import recorder
+    from shardless.processor.driver import recorder
 
     stream = make_stream(1)
     kinesis.put_records(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardless.processor.handlers import HandlerFactory
+from shardless.processor.api.handlers import HandlerFactory
 from shardless.processor.testing import TestDriver
 
 # a step: set timers (offsets from now, possibly negative) on keys, then advance time

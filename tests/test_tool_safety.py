@@ -17,10 +17,10 @@ from shardless.changelog import gc, reslice, resources
 from shardless.changelog.errors import ChangelogError
 from shardless.changelog.layout import AppLocation
 from shardless.processor import cli
-from shardless.processor.handlers import HandlerFactory
-from shardless.processor.routing import route
-from shardless.processor.runtime import GroupRunner, RuntimeConfig
-from shardless.processor.state_source import StateReader
+from shardless.processor.api.handlers import HandlerFactory
+from shardless.processor.runtime.group_runner import GroupRunner, RuntimeConfig
+from shardless.processor.runtime.routing import route
+from shardless.processor.tools.state_source import StateReader
 from shardless.state import encoding
 from shardless.state.slices import HASH_SPACE, key_hash, slice_of
 from tests.test_runtime import KEYS, SLICES, durable_counts, frame, runner

@@ -13,7 +13,7 @@ from botocore.retries.standard import ExponentialBackoff
 from shardless.changelog import durable as durable_module
 from shardless.changelog.durable import DurableState
 from shardless.changelog.errors import CommitConflictError
-from shardless.processor.fault_proxy import FaultProxy, Rule
+from shardless.processor.local.faults.fault_proxy import FaultProxy, Rule
 from tests.test_runtime import KEYS, SLICES, durable_counts, frame, outputs, runner
 
 
@@ -120,9 +120,9 @@ def test_a_wide_group_whose_first_transaction_fails_counts_each_record_once(
     once, against a plain fold of the input."""
     from shardless.changelog import resources
     from shardless.changelog.layout import AppLocation, slice_pk
-    from shardless.processor.handlers import HandlerFactory
-    from shardless.processor.routing import route
-    from shardless.processor.runtime import GroupRunner, RuntimeConfig
+    from shardless.processor.api.handlers import HandlerFactory
+    from shardless.processor.runtime.group_runner import GroupRunner, RuntimeConfig
+    from shardless.processor.runtime.routing import route
     from tests.test_runtime import count_handler
 
     loc = AppLocation.default(f"{location.app}-w")

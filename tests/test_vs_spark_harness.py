@@ -14,10 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from bench import chart, vs_spark
-from shardless.processor.config import JobConfig
-from shardless.processor.handlers import HandlerFactory
-from shardless.processor.job import as_records, outputs, slice_column
-from shardless.processor.routing import route
+from shardless.processor.api.handlers import HandlerFactory
+from shardless.processor.driver.config import JobConfig
+from shardless.processor.driver.job import as_records, outputs, slice_column
+from shardless.processor.runtime.routing import route
 
 
 def test_workload_files_and_expected_counts_match_a_python_fold(tmp_path: Path) -> None:
@@ -115,7 +115,7 @@ def test_harness_runs_and_checks_spark_sql_and_shardless(spark, aws, tmp_path) -
 def test_the_floor_runner_counts_its_input_and_keeps_no_state() -> None:
     import pandas as pd
 
-    from shardless.processor.runtime import _COLUMNS
+    from shardless.processor.runtime.group_runner import _COLUMNS
 
     frames = [pd.DataFrame({"partition_key": ["a", "b"]}), pd.DataFrame({"partition_key": ["c"]})]
     (out,) = vs_spark.FloorRunner(None, None)(("g",), iter(frames), None)

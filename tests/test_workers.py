@@ -16,8 +16,8 @@ pytestmark = pytest.mark.slow
 
 
 def _worker(conn, location, local_dir: str) -> None:
-    from shardless.processor.handlers import HandlerFactory
-    from shardless.processor.runtime import GroupRunner, RuntimeConfig
+    from shardless.processor.api.handlers import HandlerFactory
+    from shardless.processor.runtime.group_runner import GroupRunner, RuntimeConfig
 
     runner = GroupRunner(HandlerFactory(count_handler), RuntimeConfig(location, 16, local_dir))
     while True:

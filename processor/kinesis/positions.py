@@ -52,7 +52,7 @@ def initial_position(spec: str, now: float | None = None) -> dict[str, Any]:
     LATEST becomes AT_TIMESTAMP(now): a fixed point that a replay finds again, where a
     LATEST iterator taken later would silently skip what arrived in between. COMMITTED is
     not resolved here: its positions come from the application's progress record
-    (`shardless.processor.progress`).
+    (`shardless.processor.driver.progress`).
     """
     spec = spec.strip()
     upper = spec.upper()

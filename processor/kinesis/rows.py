@@ -22,7 +22,7 @@ from pyspark.sql.types import (
 )
 
 from shardless.processor.kinesis.positions import sequence_sort_key
-from shardless.processor.routing import key_text
+from shardless.processor.runtime.routing import key_text
 from shardless.state.slices import key_hash, slice_of
 
 SCHEMA = (
@@ -56,7 +56,7 @@ def record_batch(
     `slice` is `(h * slices) >> 128` of the record's explicit hash key if it has one, else
     of the MD5 of its partition key; `stream_order` is lineage depth (4 digits), sequence
     number (64) and sub-sequence number (10). A key with a lone surrogate is given and
-    routed as `shardless.processor.routing.key_text` writes it (U+FFFD for the surrogate).
+    routed as `shardless.processor.runtime.routing.key_text` writes it (U+FFFD for the surrogate).
     """
     n = len(records)
     keys = [r["PartitionKey"] for r in records]

@@ -5,8 +5,8 @@ Options:
   table                DynamoDB table where batch ends are recorded (required)
   slices               slice count used to route records (default 256)
   startingPosition     TRIM_HORIZON (default), LATEST, AT_TIMESTAMP:<epoch or ISO time>, or
-                       COMMITTED: the shard positions of the application's latest progress
-                       record in `table` (see shardless.processor.progress); a new checkpoint only
+                       COMMITTED: the shard positions of the application's latest progress record in
+                       `table` (see shardless.processor.driver.progress); a new checkpoint only
   maxRecordsPerShard   per batch (default 10000)
   maxBytesPerShard     per batch (default 10 MiB)
   idlePollMs           with no data, how often to poll again (default 1000)
@@ -119,7 +119,7 @@ class KinesisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """A run that starts where the application's latest progress record left off: its
         positions become the run's batch 0 in the batch log, and its offsets name the record
         (`from`), so the job can check nothing moved in between."""
-        from shardless.processor import progress
+        from shardless.processor.driver import progress
 
         found = progress.latest_in(self.table)
         if found is None:

@@ -9,12 +9,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardless.processor.api import Context, Event, Timer
-from shardless.processor.dead_letter import DeadLetter
-from shardless.processor.decoders import describe
+from shardless.processor.api.context import Context, Event, Timer
+from shardless.processor.api.decoders import describe
+from shardless.processor.api.handlers import SliceHandler
+from shardless.processor.api.policies import RecordPolicy
 from shardless.processor.errors import ProcessorError
-from shardless.processor.handlers import SliceHandler
-from shardless.processor.policies import RecordPolicy
+from shardless.processor.runtime.dead_letter import DeadLetter
 from shardless.state import keys, timers, ttl
 from shardless.state.transaction import Transaction
 

@@ -45,16 +45,18 @@ from pyspark.sql import DataFrame
 
 from shardless.changelog import aws
 from shardless.processor.errors import ConfigError, ProcessorError
-from shardless.processor.routing import key_text
+from shardless.processor.runtime.routing import key_text
 
-Sink = Callable[[DataFrame, int], None]  # as shardless.processor.job.Sink
+Sink = Callable[[DataFrame, int], None]  # as shardless.processor.driver.job.Sink
 
 MAX_RECORDS_PER_CALL = 500
 MAX_BYTES_PER_CALL = 5 * 1024 * 1024
 MAX_RECORD_BYTES = 1024 * 1024  # data plus partition key
 MAX_PARTITION_KEY = 256
 COLUMNS = ("slice", "seq", "key", "value")
-QUERY_ID_PROPERTY = "sql.streaming.queryId"  # as shardless.processor.runtime's, set by Spark
+QUERY_ID_PROPERTY = (
+    "sql.streaming.queryId"  # as shardless.processor.runtime.group_runner's, set by Spark
+)
 # Whole-call failures worth another try; anything else (a missing stream, no permission,
 # a bad request) fails at once.
 RETRYABLE = frozenset(
@@ -104,7 +106,7 @@ def kinesis_sink(
     max_delay_s: float = 2.0,
     query_id: str | None = None,
 ) -> Sink:
-    """A sink for `shardless.processor.job.start` putting each batch's outputs into `stream`.
+    """A sink for `shardless.processor.driver.job.start` putting each batch's outputs into `stream`.
 
     `endpoint_url`: a Kinesis endpoint for the executors (default: boto3's own, e.g.
     AWS_ENDPOINT_URL_KINESIS). `attempts`: PutRecords calls per chunk of records before

@@ -24,11 +24,11 @@ import boto3
 
 from shardless.changelog.durable import DurableState
 from shardless.changelog.restore import materialize
-from shardless.processor import local_aws
-from shardless.processor.config import JobConfig
-from shardless.processor.job import BatchReport, parquet_sink, start
+from shardless.processor.driver.config import JobConfig
+from shardless.processor.driver.job import BatchReport, parquet_sink, start
 from shardless.processor.kinesis.shards import stream_records
-from shardless.processor.producer import ensure_stream, produce
+from shardless.processor.local import emulators as local_aws
+from shardless.processor.local.producer import ensure_stream, produce
 from shardless.state import encoding
 from shardless.state.keys import record_key
 
@@ -112,8 +112,8 @@ def main() -> int:
 
 
 def _run(work: Path) -> int:
-    from shardless.processor.app import load_handler
-    from shardless.processor.spark import session
+    from shardless.processor.api.app import load_handler
+    from shardless.processor.driver.spark import session
 
     kinesis = boto3.client("kinesis")
     stream = "demo-user-events"

@@ -65,12 +65,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from shardless.processor import progress
-from shardless.processor.config import JobConfig
-from shardless.processor.faults import check, events, procs
-from shardless.processor.faults.driver import REPO, Driver, running_batch
-from shardless.processor.faults.proxy import Proxy
-from shardless.processor.faults.schedule import (
+from shardless.processor.driver import progress
+from shardless.processor.driver.config import JobConfig
+from shardless.processor.local.faults import check, events, procs
+from shardless.processor.local.faults.driver import REPO, Driver, running_batch
+from shardless.processor.local.faults.proxy import Proxy
+from shardless.processor.local.faults.schedule import (
     DRIVER_KILL,
     EXECUTOR_KILL,
     EXECUTOR_STALL,

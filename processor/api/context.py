@@ -343,7 +343,8 @@ class Context:
         return self._values.watermark_ms
 
     def _bind(self, key: str, db_key: bytes | None = None) -> None:
-        # `shardless.processor.task._run_plain` inlines this: a view added here must be bound there
+        # `shardless.processor.runtime.slice_runner._run_plain` inlines this: a view added here must
+        # be bound there
         self.key = key
         self.state._bind(key, keys.data_key(key) if db_key is None else db_key)
         self.timers._key = key

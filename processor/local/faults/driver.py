@@ -1,6 +1,6 @@
 """One `shardless run` driver as a subprocess: start it, follow its batch reports, kill it.
 
-The driver logs one line per batch at INFO (`shardless.processor.job: batch {...}`, the
+The driver logs one line per batch at INFO (`shardless.processor.driver.job: batch {...}`, the
 `BatchReport.summary()` JSON). The subprocess gets a session of its own, so a kill -9 of
 its process group takes the driver, its JVM and the executor JVMs at once; the pyspark
 daemons and their workers (their own groups) are killed by pid from a snapshot of the tree
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shardless.processor.faults import procs
+from shardless.processor.local.faults import procs
 
 REPO = Path(__file__).resolve().parents[2]
 _BATCH_LINE = re.compile(r"processor\.job: batch (\{.*\})\s*$")

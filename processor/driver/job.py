@@ -20,13 +20,18 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 
 from shardless.changelog import aws, resources
 from shardless.changelog.errors import ConfigurationError
-from shardless.processor import heartbeat
-from shardless.processor.config import JobConfig
+from shardless.processor.api.handlers import HandlerFactory
+from shardless.processor.driver import heartbeat
+from shardless.processor.driver.config import JobConfig
 from shardless.processor.errors import ConfigError
-from shardless.processor.grouping import group_keys
-from shardless.processor.handlers import HandlerFactory
 from shardless.processor.kinesis.shards import list_shards
-from shardless.processor.runtime import OUTPUT_SCHEMA, STATE_SCHEMA, GroupRunner, RuntimeConfig
+from shardless.processor.runtime.group_runner import (
+    OUTPUT_SCHEMA,
+    STATE_SCHEMA,
+    GroupRunner,
+    RuntimeConfig,
+)
+from shardless.processor.runtime.grouping import group_keys
 from shardless.state.encoding import format_code
 
 log = logging.getLogger(__name__)
@@ -56,7 +61,7 @@ def prepare(cfg: JobConfig, spark: SparkSession | None = None) -> None:
     checkpoint that already planned a batch is resumed as it is (`spark` lets remote
     checkpoints be seen; without it only local paths are).
     """
-    from shardless.processor import recorder, takeover
+    from shardless.processor.driver import recorder, takeover
     from shardless.processor.kinesis.client import kinesis_client
     from shardless.processor.kinesis.positions import is_committed
 
@@ -102,7 +107,7 @@ def prepare(cfg: JobConfig, spark: SparkSession | None = None) -> None:
 
 
 def slice_column(partition_key: str, slices: int) -> Column:
-    """`shardless.processor.routing.route(key, None, slices)` for the column
+    """`shardless.processor.runtime.routing.route(key, None, slices)` for the column
     `partition_key`, in the JVM.
 
     The slice is `(h * slices) >> 128` for the MD5 `h` of the key's UTF-8 bytes: for a power
@@ -160,7 +165,7 @@ def outputs(
     Spark calls per group, built as `runner(handlers, RuntimeConfig)` (a benchmark swaps in
     one that does no state work).
     """
-    from shardless.processor import recorder
+    from shardless.processor.driver import recorder
 
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
     layout = recorder.checkpoint_layout(spark, cfg.checkpoint)
@@ -199,7 +204,7 @@ def outputs(
             spark.readStream.format("shardless_kinesis").options(**cfg.source_options()).load()
         )
         # A new checkpoint's first batch wakes the slices whose timers are pending
-        # (`shardless.processor.timer_source`); the Kinesis source stays the first in the
+        # (`shardless.processor.driver.timer_source`); the Kinesis source stays the first in the
         # offset log.
         # A checkpoint written with the Kinesis source alone (before this source existed)
         # keeps its one source: Spark refuses a restart with another count, and its group
@@ -311,8 +316,9 @@ def start(
 ) -> StreamingQuery:
     """Start the query. Each batch's outputs go to `sink` once the state is committed; then
     the batch's source positions are recorded as the application's progress
-    (`shardless.processor.progress`), which `--starting-position COMMITTED` continues from."""
-    from shardless.processor.recorder import Recorder
+    (`shardless.processor.driver.progress`), which `--starting-position COMMITTED` continues
+    from."""
+    from shardless.processor.driver.recorder import Recorder
 
     prepare(cfg, spark)
     recorder = Recorder(spark, cfg.location, cfg.checkpoint, cfg.allow_recount, tuple(cfg.streams))

@@ -7,9 +7,9 @@ import sys
 
 from pyspark.sql import SparkSession
 
+from shardless.processor.driver.timer_source import TimerDataSource
 from shardless.processor.kinesis.source import KinesisDataSource
-from shardless.processor.state_source import StateDataSource
-from shardless.processor.timer_source import TimerDataSource
+from shardless.processor.tools.state_source import StateDataSource
 
 _FORWARDED_ENV = ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION", "SHARDLESS_")
 

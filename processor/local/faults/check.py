@@ -46,9 +46,9 @@ from typing import Any
 import pyarrow.dataset as ds
 
 from shardless.changelog import aws
-from shardless.processor import demo
-from shardless.processor.config import JobConfig
+from shardless.processor.driver.config import JobConfig
 from shardless.processor.kinesis.shards import stream_records
+from shardless.processor.local import demo
 
 
 class _ParquetReader:

@@ -25,13 +25,13 @@ Crash points of batch b of query Q (state commit by the slices → sink → this
 
 - before any slice commits: nothing to undo; a restart re-runs b.
 - some or all slices committed b, the record not written (the driver died, the sink or
-  DynamoDB failed): restarted from its checkpoint, Q re-runs b and every slice that
-  committed b re-commits in place (`shardless.processor.runtime`). A NEW query started at COMMITTED
-  first rolls back every commit past the latest record (`shardless.processor.takeover`: Q's batches
-  after the recorded one, and every query in `started`), then reads from its positions;
-  so state counts each record once. Outputs of b that the sink had written are written
-  again by the new query (at-least-once for that one batch: a sink that was never told
-  the batch completed cannot know).
+  DynamoDB failed): restarted from its checkpoint, Q re-runs b and every slice that committed b
+  re-commits in place (`shardless.processor.runtime.group_runner`). A NEW query started at COMMITTED
+  first rolls back every commit past the latest record (`shardless.processor.driver.takeover`: Q's
+  batches after the recorded one, and every query in `started`), then reads from its positions; so
+  state counts each record once. Outputs of b that the sink had written are written again by the new
+  query (at-least-once for that one batch: a sink that was never told the batch completed cannot
+  know).
 - the record written, Spark's commit of b not: a restart re-runs b in place and records
   it again; a new query continues after b.
 """

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from shardless.changelog.layout import AppLocation
-from shardless.processor import progress, takeover
+from shardless.processor.driver import progress, takeover
 from shardless.processor.errors import ProcessorError
 from shardless.processor.kinesis import positions as pos
 from shardless.processor.kinesis.batch_log import BatchLog

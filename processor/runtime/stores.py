@@ -41,22 +41,12 @@ from shardless.changelog.restore import (
     restore,
     restore_many,
 )
-from shardless.processor.local_dirs import private_dir
+from shardless.processor.runtime.local_dirs import private_dir
+from shardless.processor.runtime.process import pid_alive
 from shardless.state.errors import CorruptStoreError
 from shardless.state.store import SliceStore
 
 log = logging.getLogger(__name__)
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process `pid` exists (one of another user's counts as alive)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class StoreCache:

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from shardless.processor.api import Context, Event, Timer
+from shardless.processor.api.context import Context, Event, Timer
 from shardless.processor.errors import AppError
 
 

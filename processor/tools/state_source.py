@@ -31,7 +31,7 @@ from shardless.changelog import resources
 from shardless.changelog.durable import DurableState
 from shardless.changelog.inspect import entries, jsonable, opened
 from shardless.changelog.layout import AppLocation, Head
-from shardless.processor.state_select import parse_slices, targets
+from shardless.processor.tools.selection import parse_slices, targets
 
 SCHEMA = "slice int, key string, sub string, value string, version long"
 

@@ -195,7 +195,7 @@ def start(
     moto_cmd = [
         sys.executable,
         "-m",
-        "shardless.processor.moto_server",
+        "shardless.processor.local.moto_server",
         "-H",
         HOST,
         "-p",

@@ -31,11 +31,12 @@ from shardless.changelog.errors import ChangelogError
 from shardless.changelog.inspect import StateQueryError, entries, jsonable, keys_of, opened
 from shardless.changelog.layout import AppLocation, Head
 from shardless.changelog.restore import materialize
-from shardless.processor import progress, state_export, takeover
+from shardless.processor.driver import progress, takeover
 from shardless.processor.errors import ProcessorError
-from shardless.processor.progress_bar import Bar
-from shardless.processor.routing import route
-from shardless.processor.state_select import latest_query, parse_slices, targets
+from shardless.processor.runtime.routing import route
+from shardless.processor.tools import export as state_export
+from shardless.processor.tools.progress_bar import Bar
+from shardless.processor.tools.selection import latest_query, parse_slices, targets
 
 EXIT_FOUND_PROBLEM = 1
 EXIT_RUNNING = 3

@@ -16,8 +16,8 @@
   committers racing). DynamoDB serialises them; here every DynamoDB operation takes one
   lock, which is what the service guarantees per item, and more.
 
-Then it runs moto's own server unchanged: `python -m shardless.processor.moto_server -H 127.0.0.1
--p PORT`.
+Then it runs moto's own server unchanged: `python -m shardless.processor.local.moto_server -H
+127.0.0.1 -p PORT`.
 """
 
 from __future__ import annotations

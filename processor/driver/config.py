@@ -7,14 +7,14 @@ from urllib.parse import urlparse
 
 from shardless.changelog.errors import ConfigurationError
 from shardless.changelog.layout import AppLocation, check_app_name
-from shardless.processor.dead_letter import target
+from shardless.processor.api.policies import RecordPolicy
 from shardless.processor.errors import ConfigError
 from shardless.processor.kinesis.positions import check_starting
 from shardless.processor.kinesis.reader import CORRUPT_POLICIES as ON_CORRUPT_AGGREGATE
 from shardless.processor.kinesis.reader import POLICIES as ON_TRIMMED
-from shardless.processor.local_dirs import default_local_dir, private_dir, user_cache_dir
-from shardless.processor.owner import check_supported
-from shardless.processor.policies import RecordPolicy
+from shardless.processor.runtime.dead_letter import target
+from shardless.processor.runtime.local_dirs import default_local_dir, private_dir, user_cache_dir
+from shardless.processor.runtime.owner import check_supported
 from shardless.state.slices import DEFAULT_SLICES, check_slices
 
 
@@ -39,7 +39,7 @@ class JobConfig:
     on_trimmed: fail | oldest: a source position older than the stream's retention.
     on_corrupt_aggregate: fail | skip: a KPL aggregate that does not decode.
     kinesis_endpoint: a Kinesis endpoint URL for this job's source (default: boto3's own).
-    decoder:    raw | utf8 | json: what `event.value` holds (`shardless.processor.policies`).
+    decoder:    raw | utf8 | json: what `event.value` holds (`shardless.processor.api.policies`).
     on_decode_error: fail | dead-letter | raw: a record the decoder cannot read.
     on_handler_error: fail | dead-letter: a record whose handler raises (after retries).
     handler_retries: attempts more for a record whose handler raises (writes undone).

@@ -9,17 +9,17 @@ its owner and the results back: the owner is the same process every batch on tha
 
 The worker finds the owner at an abstract Unix socket named for the local directory, the application
 and the group (Linux; nothing on disk to go stale). If none answers, it starts one, `python -m
-shardless.processor.owner`, with its own environment and `sys.path`; when two workers start one at
-once, the second cannot bind the name and exits, and both talk to the first. An owner runs one batch
-at a time, in the order the calls arrive. It exits after `--owner-idle-seconds` without a call, or
-within a second of its watched process (the Python worker's parent: PySpark's daemon, which lives as
-long as the executor) going away.
+shardless.processor.runtime.owner`, with its own environment and `sys.path`; when two workers start
+one at once, the second cannot bind the name and exits, and both talk to the first. An owner runs
+one batch at a time, in the order the calls arrive. It exits after `--owner-idle-seconds` without a
+call, or within a second of its watched process (the Python worker's parent: PySpark's daemon, which
+lives as long as the executor) going away.
 
 Nothing about correctness depends on it: the owner runs the same `GroupRunner.run` with
 the same conditional commits. If it dies during a batch the task fails, Spark runs the
 task again, and a new owner adopts the dead one's store directory and catches up; if the
 worker dies instead, the owner finishes the batch and its commit is one Spark's re-run
-recognises as its own (`shardless.processor.runtime`). Each owner logs to
+recognises as its own (`shardless.processor.runtime.group_runner`). Each owner logs to
 `<local_dir>/<app>/owners/g<group>.log`.
 """
 
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from shardless.processor.errors import ConfigError, ProcessorError
-from shardless.processor.stores import pid_alive
+from shardless.processor.runtime.process import no_cycle_collection, pid_alive, profiled
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ def start(local_dir: str, app: str, group: int, watch: int, idle_seconds: int) -
     with open(logs, "ab") as out:
         child = subprocess.Popen(
             [
-                sys.executable, "-m", "shardless.processor.owner",
+                sys.executable, "-m", "shardless.processor.runtime.owner",
                 address(local_dir, app, group), str(watch), str(idle_seconds),
             ],
             env=env,
@@ -293,7 +293,6 @@ def _reply_error(exc: BaseException) -> tuple[str, Any, str]:
 
 def _serve(conn: socket.socket, runners: dict[bytes, Any]) -> bool:
     """Answer one call; False once asked to stop."""
-    from shardless.processor.runtime import no_cycle_collection, profiled
 
     try:
         kind, payload = _recv(conn)

@@ -23,14 +23,11 @@ Spark's group state holds which slices of the group have pending timers and when
 next due; its processing-time timeout makes Spark call the group when no records arrive, so
 timers fire in idle slices too. Each slice's head keeps the same (`Head.next_timer`) as the
 durable index: a new checkpoint, which has no group state, wakes those slices in its first
-batch (`shardless.processor.timer_source`), and from then on Spark's timeout carries them.
+batch (`shardless.processor.driver.timer_source`), and from then on Spark's timeout carries them.
 """
 
 from __future__ import annotations
 
-import contextlib
-import cProfile
-import gc
 import json
 import logging
 import os
@@ -50,15 +47,16 @@ from shardless.changelog.durable import DurableState, HeadConflictError, SliceCo
 from shardless.changelog.layout import AppLocation, Head, SnapRef, new_uid, snapshot_due
 from shardless.changelog.snapshot import snapshot_pool, upload_checkpoint
 from shardless.changelog.transfer_process import TRANSFER_PROCESS_BYTES, transfer_process
-from shardless.processor.api import Event
-from shardless.processor.dead_letter import DeadLetter, target
+from shardless.processor.api.context import Event
+from shardless.processor.api.handlers import HandlerFactory, handler_for
+from shardless.processor.api.policies import RecordPolicy
 from shardless.processor.errors import ProcessorError
-from shardless.processor.grouping import slices_of_key
-from shardless.processor.handlers import HandlerFactory, handler_for
-from shardless.processor.owner import OWNER_IDLE_SECONDS
-from shardless.processor.policies import RecordPolicy
-from shardless.processor.stores import StoreCache, cache_for
-from shardless.processor.task import run_slice
+from shardless.processor.runtime.dead_letter import DeadLetter, target
+from shardless.processor.runtime.grouping import slices_of_key
+from shardless.processor.runtime.owner import OWNER_IDLE_SECONDS
+from shardless.processor.runtime.process import no_cycle_collection, profiled
+from shardless.processor.runtime.slice_runner import run_slice
+from shardless.processor.runtime.stores import StoreCache, cache_for
 from shardless.state import encoding
 from shardless.state.transaction import Transaction
 
@@ -68,7 +66,6 @@ OUTPUT_SCHEMA = "kind string, slice int, batch_id long, seq int, key string, val
 STATE_SCHEMA = "pending string"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
-PROFILE_ENV = "SHARDLESS_PROFILE_DIR"
 _COLUMNS = ["kind", "slice", "batch_id", "seq", "key", "value"]
 
 Pending = dict[int, tuple[int | None, int | None]]  # slice -> (next processing, next event)
@@ -89,17 +86,17 @@ class RuntimeConfig:
     value_format: int = encoding.MSGPACK
     allow_pickle: bool = False
     timer_poll_ms: int = 1000
-    # Record columns Spark does not send, as `shardless.processor.job.as_records` declares them: the
-    # same value for every record, or None for `sequence_number`: the string of
+    # Record columns Spark does not send, as `shardless.processor.driver.job.as_records` declares
+    # them: the same value for every record, or None for `sequence_number`: the string of
     # `stream_order`.
     fixed_columns: dict[str, Any] = field(default_factory=dict)
     # the decoder and what to do with records that cannot be decoded or processed
     policy: RecordPolicy = field(default_factory=RecordPolicy)
-    # where records set aside go (`shardless.processor.dead_letter.target`); None: the application's
-    # bucket under `<prefix>/dead-letter`
+    # where records set aside go (`shardless.processor.runtime.dead_letter.target`); None: the
+    # application's bucket under `<prefix>/dead-letter`
     dead_letter: str | None = None
     # "worker": the Python worker Spark hands the group runs it with its own stores;
-    # "process": the group's owner process on this host does (`shardless.processor.owner`)
+    # "process": the group's owner process on this host does (`shardless.processor.runtime.owner`)
     group_owner: str = "worker"
     owner_idle_seconds: int = OWNER_IDLE_SECONDS
     # the shuffle partitions the job laid its group keys out for: a group then refuses
@@ -178,7 +175,7 @@ def _column(pdf: pd.DataFrame, name: str, order: np.ndarray, fixed: dict[str, An
 @dataclass
 class _Input:
     """A group's records sorted into slices in stream order: each slice's span of events,
-    and the slices woken to look for timers (`shardless.processor.timer_source`)."""
+    and the slices woken to look for timers (`shardless.processor.driver.timer_source`)."""
 
     records: int
     events: list[Event]
@@ -242,53 +239,6 @@ def _snapshot_result(s: int, future: Future, head: Head | None) -> tuple[SnapRef
     return ref, sent
 
 
-@contextlib.contextmanager
-def no_cycle_collection() -> Iterator[None]:
-    """Python's cyclic garbage collector paused for a group's batch.
-
-    A batch allocates a few objects per record that live until its commit (events, the
-    transaction's reads and writes), so the collector would run its full pass, over every
-    object of a Python worker holding pandas, Arrow and PySpark, several times a batch:
-    0.1-0.2 s of a 50,000-record batch, measured. Reference counting still frees what the
-    batch drops; the cycles it leaves wait for the collector's next pass after the batch.
-    The objects alive after the first batch (modules, handler, caches) are frozen out of
-    later passes."""
-    global _frozen
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-        if not _frozen:
-            gc.collect()
-            gc.freeze()
-            _frozen = True
-
-
-_frozen = False
-
-
-@contextlib.contextmanager
-def profiled(group: int, batch: int) -> Iterator[None]:
-    """cProfile the block into `$SHARDLESS_PROFILE_DIR/g<group>-b<batch>-p<pid>.prof` when
-    that variable is set (in a Python worker or a group's owner process alike)."""
-    profile_dir = os.environ.get(PROFILE_ENV)
-    if not profile_dir:
-        yield
-        return
-    profiler = cProfile.Profile()
-    profiler.enable()
-    try:
-        yield
-    finally:
-        profiler.disable()
-        Path(profile_dir).mkdir(parents=True, exist_ok=True)
-        profiler.dump_stats(f"{profile_dir}/g{group}-b{batch}-p{os.getpid()}.prof")
-
-
 class GroupRunner:
     """The function Spark calls per group; pickled with the handler and the config."""
 
@@ -338,10 +288,11 @@ class GroupRunner:
         return {k: v for k, v in self.__dict__.items() if k != "_blob"}
 
     def _in_owner(self, args: tuple) -> tuple[pd.DataFrame, Pending]:
-        """Run the batch in the group's owner process on this host (`shardless.processor.owner`)."""
+        """Run the batch in the group's owner process on this host
+        (`shardless.processor.runtime.owner`)."""
         from pyspark import cloudpickle
 
-        from shardless.processor import owner
+        from shardless.processor.runtime import owner
 
         blob = self.__dict__.get("_blob")
         if blob is None:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from shardless.processor.decoders import DECODERS, ON_DECODE_ERROR, decoder
+from shardless.processor.api.decoders import DECODERS, ON_DECODE_ERROR, decoder
 from shardless.processor.errors import ConfigError
 
 ON_HANDLER_ERROR = ("fail", "dead-letter")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from pyspark import cloudpickle
 
+from shardless.processor.api.handlers import HandlerFactory
 from shardless.processor.errors import AppError
-from shardless.processor.handlers import HandlerFactory
 
 
 def load_handler(path: str | Path) -> HandlerFactory:

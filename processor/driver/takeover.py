@@ -9,7 +9,7 @@ count records again. Every query that begins joins the application's lineage
 (`shardless.changelog.fence`), which roll-backs cut by. A COMMITTED start first fences the queries
 that could still be running and undoes the commits past the latest record
 (`committed_start`); a roll-back leaves the progress record agreeing with the state
-(`after_rollback`). The records themselves are `shardless.processor.progress`.
+(`after_rollback`). The records themselves are `shardless.processor.driver.progress`.
 """
 
 from __future__ import annotations
@@ -22,9 +22,7 @@ from botocore.exceptions import ClientError
 from shardless.changelog import aws, fence, resources, rollback
 from shardless.changelog.durable import DurableState
 from shardless.changelog.layout import AppLocation
-from shardless.processor.errors import ConfigError, ProcessorError
-from shardless.processor.kinesis import positions as pos
-from shardless.processor.progress import (
+from shardless.processor.driver.progress import (
     LATEST_SK,
     Progress,
     at_batch,
@@ -34,6 +32,8 @@ from shardless.processor.progress import (
     record_key,
     set_latest,
 )
+from shardless.processor.errors import ConfigError, ProcessorError
+from shardless.processor.kinesis import positions as pos
 
 log = logging.getLogger(__name__)
 

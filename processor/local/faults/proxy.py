@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from shardless.processor.fault_proxy import Call, FaultProxy, Rule
+from shardless.processor.local.faults.fault_proxy import Call, FaultProxy, Rule
 
 PUT_RECORDS_TARGET = "Kinesis_20131202.PutRecords"
 _MESSAGES = {

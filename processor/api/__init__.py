@@ -1,0 +1,1 @@
+"""What a handler sees and how an app is loaded: no Spark, no AWS."""

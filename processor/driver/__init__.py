@@ -1,0 +1,1 @@
+"""The driver: configuration, query wiring, checkpoint and progress records, Spark."""

@@ -1,0 +1,1 @@
+"""Development on one machine: emulators, moto patches, producer, demo, fault harness."""

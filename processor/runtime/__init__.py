@@ -1,0 +1,1 @@
+"""A group's batch inside `applyInPandasWithState`: slices, stores, owners, placement."""
