@@ -56,7 +56,7 @@ WEIGHTS = {
 }
 KINDS = tuple(WEIGHTS)
 # The CI slice's mix: every kind (rollback, restore and reslice were left out while they
-# still found holes). PROTOCOL_KINDS in tests/test_protocol.py overrides it.
+# still found holes). PROTOCOL_KINDS in tests/bench/test_protocol.py overrides it.
 CI_KINDS = KINDS
 CI_TIMERS = True
 

@@ -1,0 +1,127 @@
+"""Retention and garbage collection against moto server: only what no retained snapshot
+or log entry needs is deleted, and only after the grace period."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections import Counter
+
+import boto3
+import pytest
+
+from shardless.changelog import gc
+from shardless.changelog.durable import DurableState
+from shardless.changelog.errors import MissingObjectError
+from shardless.changelog.restore import materialize
+from tests.processor.runtime.test_runtime import KEYS, SLICES, durable_counts, frame, runner
+
+HOUR_MS = 3600 * 1000
+
+
+def run_batches(location, tmp_path, batches: range, **kw) -> None:
+    r = runner(location, tmp_path, snapshot_every=2, keep_snapshots=1, **kw)
+    hot = ["user-1", "user-2"] * 3
+    for b in batches:
+        r.run(0, "q", b, frame(KEYS[(b % 8) * 50 : (b % 8 + 1) * 50] + hot, b * 1000))
+
+
+def expected(batches: int) -> Counter:
+    out: Counter = Counter()
+    for b in range(batches):
+        out += Counter(KEYS[(b % 8) * 50 : (b % 8 + 1) * 50] + ["user-1", "user-2"] * 3)
+    return out
+
+
+def keys(location) -> set[str]:
+    s3 = boto3.client("s3")
+    found = set()
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=location.bucket):
+        found |= {o["Key"] for o in page.get("Contents", [])}
+    return found
+
+
+def test_gc_deletes_only_unreferenced_objects_after_the_grace_period(location, tmp_path):
+    run_batches(location, tmp_path, range(10))
+    before = keys(location)
+    needed = gc.referenced(location, SLICES)
+    assert needed < before  # retention dropped old snapshots and log entries
+
+    dry = gc.collect(location, SLICES, dry_run=True)
+    assert (
+        dry.unreferenced == len(before - needed) and dry.deleted == [] and keys(location) == before
+    )
+
+    now = int(time.time() * 1000)
+    first = gc.collect(location, SLICES, dry_run=False, now_ms=now)
+    assert first.deleted == [] and first.waiting == first.unreferenced  # seen once: kept
+    early = gc.collect(location, SLICES, dry_run=False, now_ms=now + HOUR_MS // 2)
+    assert early.deleted == []
+    late = gc.collect(location, SLICES, dry_run=False, now_ms=now + HOUR_MS + 1)
+    assert set(late.deleted) == before - needed
+    assert keys(location) == needed | {gc.pending_key(location)}
+    assert durable_counts(location) == expected(10)  # every slice still restores
+
+
+def test_a_restore_that_read_an_older_head_survives_the_grace_period(location, tmp_path):
+    run_batches(location, tmp_path, range(4))
+    durable = DurableState(location)
+    s = next(s for s, h in durable.heads(list(range(SLICES))).items() if h.snaps)
+    old_head = durable.heads([s])[s]
+    run_batches(location, tmp_path, range(4, 10))  # old_head's snapshot is dropped
+    assert old_head.snaps[0].key not in gc.referenced(location, SLICES)
+    now = int(time.time() * 1000)
+    gc.collect(location, SLICES, dry_run=False, now_ms=now)
+    gc.collect(location, SLICES, dry_run=False, now_ms=now + HOUR_MS - 1)
+    store, _ = materialize(durable, old_head, tmp_path / "slow-restore", SLICES)
+    assert store.version == old_head.version
+    store.close()
+    gc.collect(location, SLICES, dry_run=False, now_ms=now + HOUR_MS + 1)
+    with pytest.raises(MissingObjectError, match="grace period"):
+        materialize(durable, old_head, tmp_path / "too-slow", SLICES)
+
+
+def test_young_unreferenced_uploads_are_never_deleted(location, tmp_path):
+    """A snapshot or segment whose commit is in flight (or lost) is unreferenced but young."""
+    run_batches(location, tmp_path, range(3))
+    s3 = boto3.client("s3")
+    orphan = location.key("sst/slice-00003/inflight-000009.sst")
+    s3.put_object(Bucket=location.bucket, Key=orphan, Body=b"x")
+    now = int(time.time() * 1000)
+    gc.collect(location, SLICES, dry_run=False, now_ms=now - 2 * HOUR_MS)  # seen long ago...
+    report = gc.collect(location, SLICES, dry_run=False, now_ms=now)
+    assert orphan not in report.deleted and orphan in keys(location)  # ...but written now
+
+
+def test_wiped_stores_restore_after_gc(location, tmp_path):
+    run_batches(location, tmp_path, range(12))
+    now = int(time.time() * 1000)
+    gc.collect(location, SLICES, dry_run=False, now_ms=now)
+    gc.collect(location, SLICES, dry_run=False, now_ms=now + 2 * HOUR_MS)
+    for path in tmp_path.glob("*/w*/slice-*"):
+        shutil.rmtree(path)
+    run_batches(location, tmp_path, range(12, 14))
+    assert durable_counts(location) == expected(14)
+
+
+def test_the_pending_list_is_read_with_s3s_checksum(location, tmp_path):
+    """The pending list is the one object shardless reads back without a checksum of its
+    own, and shardless's client leaves response checksums to the caller: the read asks S3
+    for the object's CRC, which botocore then checks."""
+    from shardless.changelog import aws
+
+    run_batches(location, tmp_path, range(3))
+    gc.collect(location, SLICES, grace_s=3600, dry_run=False)  # records a pending list
+    modes: list[bytes | None] = []
+
+    def seen(request, **_):  # noqa: ANN001
+        if request.url.split("?")[0].endswith(gc.pending_key(location)):
+            modes.append(request.headers.get("x-amz-checksum-mode"))
+
+    events = aws.client("s3").meta.events
+    events.register("before-send.s3.GetObject", seen)
+    try:
+        assert gc._load_pending(location) is not None
+    finally:
+        events.unregister("before-send.s3.GetObject", seen)
+    assert modes == [b"ENABLED"]
