@@ -29,47 +29,29 @@ consumers that need a key's outputs in order sort one query's records by `(batch
 from __future__ import annotations
 
 import json
-import random
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
 from pyspark.sql import DataFrame
 
 from shardless.changelog import aws
 from shardless.processor.errors import ConfigError, ProcessorError
+from shardless.processor.kinesis import put
 from shardless.processor.runtime.routing import key_text
 
 Sink = Callable[[DataFrame, int], None]  # as shardless.processor.driver.job.Sink
 
-MAX_RECORDS_PER_CALL = 500
-MAX_BYTES_PER_CALL = 5 * 1024 * 1024
 MAX_RECORD_BYTES = 1024 * 1024  # data plus partition key
 MAX_PARTITION_KEY = 256
 COLUMNS = ("slice", "seq", "key", "value")
 QUERY_ID_PROPERTY = (
     "sql.streaming.queryId"  # as shardless.processor.runtime.group_runner's, set by Spark
-)
-# Whole-call failures worth another try; anything else (a missing stream, no permission,
-# a bad request) fails at once.
-RETRYABLE = frozenset(
-    {
-        "ProvisionedThroughputExceededException",
-        "LimitExceededException",
-        "ThrottlingException",
-        "KMSThrottlingException",
-        "InternalFailure",
-        "InternalFailureException",
-        "ServiceUnavailable",
-        "ServiceUnavailableException",
-    }
 )
 
 
@@ -156,26 +138,11 @@ def record(query: str, batch_id: int, slice_id: int, seq: int, key: str | None, 
     return {"Data": data, "PartitionKey": partition_key}
 
 
-def chunks(entries: Iterable[dict]) -> Iterator[list[dict]]:
-    """Entries in PutRecords-sized lists: at most 500 records and 5 MiB each."""
-    chunk: list[dict] = []
-    size = 0
-    for entry in entries:
-        n = len(entry["Data"]) + len(entry["PartitionKey"].encode())
-        if chunk and (len(chunk) == MAX_RECORDS_PER_CALL or size + n > MAX_BYTES_PER_CALL):
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(entry)
-        size += n
-    if chunk:
-        yield chunk
-
-
 def put_rows(cfg: SinkConfig, query: str, batch_id: int, rows: Iterable[Any]) -> None:
     """Put one Spark partition's output rows (runs on an executor)."""
     kinesis = client(cfg.endpoint_url)
     entries = (record(query, batch_id, r["slice"], r["seq"], r["key"], r["value"]) for r in rows)
-    for chunk in chunks(entries):
+    for chunk in put.chunks(entries):
         put_all(kinesis, cfg, batch_id, chunk)
 
 
@@ -186,39 +153,23 @@ def put_all(
     entries: list[dict],
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
-    """PutRecords until every entry is in, retrying only the failed ones; returns the
-    number of calls made. Raises KinesisSinkError after `cfg.attempts` calls."""
-    pending = entries
-    seen: Counter[str] = Counter()
-    for attempt in range(1, cfg.attempts + 1):
-        try:
-            out = kinesis.put_records(StreamName=cfg.stream, Records=pending)
-        except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code", "Unknown")
-            if code not in RETRYABLE:
-                raise KinesisSinkError(
-                    f"cannot put records of batch {batch_id} into Kinesis stream "
-                    f"{cfg.stream!r}: {code}: {exc.response.get('Error', {}).get('Message')}"
-                ) from exc
-            seen[code] += len(pending)
-        except BotoCoreError as exc:  # connection refused, reset, timed out
-            seen[type(exc).__name__] += len(pending)
-        else:
-            results = out["Records"]
-            failed = [e for e, r in zip(pending, results, strict=True) if "ErrorCode" in r]
-            seen.update(r["ErrorCode"] for r in results if "ErrorCode" in r)
-            if not failed:
-                return attempt
-            pending = failed
-        if attempt < cfg.attempts:
-            sleep(random.uniform(0, min(cfg.max_delay_s, cfg.base_delay_s * 2**attempt)))
-    codes = ", ".join(f"{code} x{n}" for code, n in seen.most_common())
-    raise KinesisSinkError(
-        f"{len(pending)} of {len(entries)} records of batch {batch_id} could not be put into "
-        f"Kinesis stream {cfg.stream!r} after {cfg.attempts} attempts (failures: {codes}); "
-        "the batch fails and is retried, which may put records twice: consumers "
-        "deduplicate by (query, batch_id, seq)"
-    )
+    """PutRecords until every entry is in, retrying only the failed ones (`put.put_chunk`);
+    returns the number of calls made. Raises KinesisSinkError after `cfg.attempts` calls."""
+    retries = put.Retries(cfg.attempts, cfg.base_delay_s, cfg.max_delay_s)
+    try:
+        return put.put_chunk(kinesis, cfg.stream, entries, retries, sleep)
+    except put.PutRecordsError as exc:
+        if exc.final:
+            raise KinesisSinkError(
+                f"cannot put records of batch {batch_id} into Kinesis stream {cfg.stream!r}: {exc}"
+            ) from exc
+        codes = ", ".join(f"{code} x{n}" for code, n in exc.codes.most_common())
+        raise KinesisSinkError(
+            f"{exc.left} of {len(entries)} records of batch {batch_id} could not be put into "
+            f"Kinesis stream {cfg.stream!r} after {cfg.attempts} attempts (failures: {codes}); "
+            "the batch fails and is retried, which may put records twice: consumers "
+            "deduplicate by (query, batch_id, seq)"
+        ) from exc
 
 
 _clients: dict[str, Any] = {}

@@ -11,6 +11,11 @@ import time
 import numpy as np
 from botocore.exceptions import ClientError
 
+from shardless.processor.kinesis.put import Retries, put_records
+
+# A trial's producer keeps going through throttling rather than give up on a record.
+RETRIES = Retries(attempts=100, max_delay_s=1.0)
+
 
 def ensure_stream(kinesis, stream: str, shards: int) -> None:  # noqa: ANN001 - boto3 client
     """Create the stream unless it exists, and wait until it is ACTIVE."""
@@ -37,7 +42,7 @@ def produce(
     Each event is `{"id", "user", "ts", "action", "page", "category", "amount"}`, enough for
     every example app but the enrichment one.
 
-    Failed records of a PutRecords call are retried until every record is in.
+    Failed records of a PutRecords call are put again (`put_records`) until every one is in.
     """
     rng = np.random.default_rng(seed)
     weights = 1.0 / np.arange(1, users + 1) ** zipf_s
@@ -66,7 +71,5 @@ def produce(
             }
             for i in range(lo, min(lo + 500, events))
         ]
-        while batch:
-            out = kinesis.put_records(StreamName=stream, Records=batch)
-            batch = [r for r, res in zip(batch, out["Records"], strict=True) if "ErrorCode" in res]
+        put_records(kinesis, stream, batch, RETRIES)
     return time.perf_counter() - started

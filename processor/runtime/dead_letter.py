@@ -23,16 +23,14 @@ from __future__ import annotations
 
 import base64
 import json
-import random
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from shardless.changelog import aws
 from shardless.processor.errors import ConfigError, ProcessorError
+from shardless.processor.kinesis.put import PutRecordsError, Retries, put_records
 
-_PUT_RECORDS_MAX = 500
 _ATTEMPTS = 8
 
 
@@ -106,30 +104,13 @@ class KinesisTarget:
             }
             for x in letters
         ]
-        for lo in range(0, len(entries), _PUT_RECORDS_MAX):
-            _put_all(kinesis, self.stream, entries[lo : lo + _PUT_RECORDS_MAX])
-        return f"kinesis://{self.stream}"
-
-
-def _put_all(kinesis: Any, stream: str, entries: list[dict[str, Any]]) -> None:
-    """PutRecords, retrying only the entries that failed, with jittered backoff."""
-    codes: set[str] = set()
-    for attempt in range(_ATTEMPTS):
         try:
-            out = kinesis.put_records(StreamName=stream, Records=entries)
-        except Exception as exc:  # noqa: BLE001 - the whole call failed: retry all
-            codes = {type(exc).__name__}
-        else:
-            failed = [e for e, r in zip(entries, out["Records"], strict=True) if "ErrorCode" in r]
-            if not failed:
-                return
-            codes = {r["ErrorCode"] for r in out["Records"] if "ErrorCode" in r}
-            entries = failed
-        time.sleep(random.uniform(0, min(2.0, 0.05 * 2**attempt)))
-    raise DeadLetterError(
-        f"cannot put {len(entries)} dead letters into Kinesis stream {stream!r} after "
-        f"{_ATTEMPTS} attempts ({', '.join(sorted(codes))})"
-    )
+            put_records(kinesis, self.stream, entries, Retries(attempts=_ATTEMPTS))
+        except PutRecordsError as exc:
+            raise DeadLetterError(
+                f"cannot put {exc.left} dead letters into Kinesis stream {self.stream!r}: {exc}"
+            ) from exc
+        return f"kinesis://{self.stream}"
 
 
 def target(spec: str) -> Target:

@@ -13,7 +13,7 @@ import random
 import time
 from typing import Any
 
-from botocore.exceptions import ClientError
+from shardless.processor.kinesis.put import Retries, put_records
 
 BASE_TS = 1_700_000_000_000
 
@@ -34,6 +34,10 @@ def wait_active(kinesis: Any, stream: str, timeout_s: float = 60) -> None:
         time.sleep(0.05)
 
 
+# A stream is UPDATING (ResourceInUseException) for a moment after a reshard.
+UPDATING = frozenset({"ResourceInUseException"})
+
+
 def produce(
     kinesis: Any, stream: str, first: int, count: int, users: int, rng: random.Random
 ) -> int:
@@ -49,20 +53,9 @@ def produce(
         }
         for i, u in enumerate(picks)
     ]
-    for lo in range(0, len(entries), 500):
-        pending = entries[lo : lo + 500]
-        deadline = time.monotonic() + 60
-        while pending:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{len(pending)} events keep failing to go into {stream}")
-            try:
-                out = kinesis.put_records(StreamName=stream, Records=pending)
-            except ClientError as exc:  # the stream is UPDATING right after a reshard
-                if exc.response["Error"]["Code"] != "ResourceInUseException":
-                    raise
-                time.sleep(0.05)
-                continue
-            pending = [e for e, r in zip(pending, out["Records"], strict=True) if "ErrorCode" in r]
+    put_records(
+        kinesis, stream, entries, Retries(attempts=60, max_delay_s=1.0, also_retry=UPDATING)
+    )
     return first + count
 
 

@@ -11,13 +11,11 @@ from collections import Counter
 import pytest
 
 from shardless.processor.errors import ConfigError
+from shardless.processor.kinesis.put import chunks
 from shardless.processor.kinesis.shards import stream_records
 from shardless.processor.kinesis.sink import (
-    MAX_BYTES_PER_CALL,
-    MAX_RECORDS_PER_CALL,
     KinesisSinkError,
     SinkConfig,
-    chunks,
     kinesis_sink,
     put_all,
     record,
@@ -67,15 +65,6 @@ def test_every_output_lands_once_keyed_and_numbered(spark, kinesis, make_stream)
     for ident, (key, value) in expected(rows).items():
         pk, data = by_id[ident]
         assert (pk, data["key"], data["value"]) == (key, key, value)
-
-
-def test_calls_hold_at_most_500_records_and_5_mib():
-    small = [record("q", 1, 0, i, "k", "1") for i in range(1_201)]
-    assert [len(c) for c in chunks(small)] == [500, 500, 201]
-    big = [record("q", 1, 0, i, "k", json.dumps("x" * 400_000)) for i in range(30)]
-    sizes = [sum(len(e["Data"]) + len(e["PartitionKey"]) for e in c) for c in chunks(big)]
-    assert len(sizes) == 3 and all(s <= MAX_BYTES_PER_CALL for s in sizes)
-    assert max(len(c) for c in chunks(big)) < MAX_RECORDS_PER_CALL
 
 
 def test_an_output_too_big_for_a_record_is_refused_with_its_coordinates():

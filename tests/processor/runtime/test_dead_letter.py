@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 import uuid
 
 import boto3
@@ -12,7 +13,6 @@ import pytest
 from shardless.processor.api.decoders import decoder, describe
 from shardless.processor.errors import ConfigError
 from shardless.processor.local.faults.fault_proxy import FaultProxy, Rule
-from shardless.processor.runtime import dead_letter
 from shardless.processor.runtime.dead_letter import (
     DeadLetter,
     DeadLetterError,
@@ -72,7 +72,7 @@ def test_kinesis_letters_survive_throttling_and_carry_their_coordinates(
     with FaultProxy(aws.kinesis_endpoint, seed=3) as proxy:
         proxy.add(Rule("kinesis", "PutRecords", status=400, times=2))
         monkeypatch.setenv("AWS_ENDPOINT_URL_KINESIS", proxy.url)
-        monkeypatch.setattr(dead_letter.time, "sleep", lambda s: None)
+        monkeypatch.setattr(time, "sleep", lambda s: None)
         assert KinesisTarget(stream).write("q", 1, 0, letters(600)) == f"kinesis://{stream}"
         assert proxy.injected()[("kinesis", "PutRecords")] == 2
     shard = kinesis.list_shards(StreamName=stream)["Shards"][0]["ShardId"]
@@ -90,8 +90,11 @@ def test_kinesis_letters_that_keep_failing_fail_naming_the_stream(aws, make_stre
     with FaultProxy(aws.kinesis_endpoint) as proxy:
         proxy.add(Rule("kinesis", "PutRecords", status=400))
         monkeypatch.setenv("AWS_ENDPOINT_URL_KINESIS", proxy.url)
-        monkeypatch.setattr(dead_letter.time, "sleep", lambda s: None)
-        with pytest.raises(DeadLetterError, match=f"stream '{stream}' after 8 attempts"):
+        monkeypatch.setattr(time, "sleep", lambda s: None)
+        with pytest.raises(
+            DeadLetterError,
+            match=f"into Kinesis stream '{stream}': 3 of 3 records still failing after 8 attempts",
+        ):
             KinesisTarget(stream).write("q", 1, 0, letters(3))
 
 
