@@ -15,7 +15,7 @@ import pytest
 from bench import protocol
 from bench.protocol import Settings, run_once
 from bench.protocol_app import Spec
-from shardless.processor.runtime import group_runner as runtime
+from shardless.processor.runtime import attempt
 
 
 def settings(max_steps: int = 20) -> Settings:
@@ -50,7 +50,7 @@ def test_a_longer_slice_has_no_violations(aws):
 
 def test_the_oracle_catches_a_batch_applied_twice(aws, monkeypatch):
     """A runtime that does not recognise a re-run of its own batch counts it again."""
-    real = runtime._plan
+    real = attempt._plan
 
     def no_rerun(*args, **kw):  # noqa: ANN002, ANN003, ANN202
         s, base, rerun = real(*args, **kw)
@@ -58,7 +58,7 @@ def test_the_oracle_catches_a_batch_applied_twice(aws, monkeypatch):
 
     steps = [["start", 2], ["run", 0, 0, 0], ["run", 0, 0, 1]]
     assert run_once(1, 0, settings(), steps).violation is None
-    monkeypatch.setattr(runtime, "_plan", no_rerun)
+    monkeypatch.setattr(attempt, "_plan", no_rerun)
     found = run_once(1, 0, settings(), steps).violation
     assert found is not None and found.invariant in ("attempts_disagree", "counted_twice"), found
 

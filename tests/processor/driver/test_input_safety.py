@@ -19,9 +19,10 @@ from shardless.processor.errors import ConfigError
 from shardless.processor.kinesis import reader
 from shardless.processor.kinesis.batch_log import BatchLog
 from shardless.processor.kinesis.kpl import MAGIC, deaggregate
+from shardless.processor.kinesis.put import chunks
 from shardless.processor.kinesis.reader import ShardRead, read_shard
 from shardless.processor.kinesis.rows import record_batch
-from shardless.processor.kinesis.sink import chunks, record
+from shardless.processor.kinesis.sink import record
 from shardless.processor.runtime.routing import hash_key, key_text, route, shard_slices
 from tests.jobs import capture_cli_starts
 

@@ -372,9 +372,9 @@ def test_the_cycle_collector_pauses_for_a_batch_and_freezes_the_worker_once(monk
 @pytest.fixture
 def helper(monkeypatch, transfer_helper):
     """The runtime's snapshot uploads go to a new helper process."""
-    from shardless.processor.runtime import group_runner
+    from shardless.processor.runtime import attempt
 
-    monkeypatch.setattr(group_runner, "transfer_process", lambda: transfer_helper)
+    monkeypatch.setattr(attempt, "transfer_process", lambda: transfer_helper)
     return transfer_helper
 
 
@@ -411,14 +411,14 @@ def test_snapshots_upload_where_configured_name_their_batch_and_restore(
 def test_a_snapshot_the_helper_cannot_take_is_left_out_and_the_batch_commits(
     location, tmp_path, helper, monkeypatch, caplog
 ):
-    from shardless.processor.runtime import group_runner
+    from shardless.processor.runtime import attempt
 
     def no_checkpoint(cfg, slice_id, version, checkpoint, head):
         shutil.rmtree(checkpoint)  # the helper finds nothing to upload
         return start(cfg, slice_id, version, checkpoint, head)
 
-    start = group_runner._start_snapshot
-    monkeypatch.setattr(group_runner, "_start_snapshot", no_checkpoint)
+    start = attempt._start_snapshot
+    monkeypatch.setattr(attempt, "_start_snapshot", no_checkpoint)
     r = runner(location, tmp_path, snapshot_every=1, snapshot_uploads="helper")
     r.run(0, "q", 0, frame(["user-1"]))
     out = r.run(0, "q", 1, frame(["user-1"], 100))

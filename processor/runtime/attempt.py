@@ -1,0 +1,342 @@
+"""One attempt at a group's batch, as the steps of the commit protocol in their order.
+
+Read the heads (from this host's memory of the previous batch when it ran the group, else
+from DynamoDB); bring each slice's store to the version it starts from; take the due
+snapshots' checkpoints; run each slice's records and due timers with writes buffered;
+write dead letters; wait for the snapshots; commit durably (one S3 segment and DynamoDB
+transactions conditional on the heads read); only then apply locally; remember the heads.
+A commit lost to a stale head this host remembered raises `StaleHeads`, and the runner
+tries once more from heads read afresh.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from concurrent.futures import Future
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from shardless.changelog.durable import DurableState, HeadConflictError, SliceCommit
+from shardless.changelog.layout import Head, SnapRef, new_uid, snapshot_due
+from shardless.changelog.snapshot import snapshot_pool, upload_checkpoint
+from shardless.changelog.transfer_process import transfer_process
+from shardless.processor.api.handlers import HandlerFactory, handler_for
+from shardless.processor.errors import ProcessorError
+from shardless.processor.runtime.config import Pending, RuntimeConfig
+from shardless.processor.runtime.dead_letter import DeadLetter, target
+from shardless.processor.runtime.grouping import slices_of_key
+from shardless.processor.runtime.records import GroupInput
+from shardless.processor.runtime.slice_runner import run_slice
+from shardless.processor.runtime.stores import StoreCache
+from shardless.state.transaction import Transaction
+
+log = logging.getLogger(__name__)
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, default=str, separators=(",", ":"))
+
+
+class StaleHeads(Exception):
+    """A commit lost because a head this host knew was stale: run again from fresh heads."""
+
+
+class Attempt:
+    """One try at one group's batch: each method is one step, timed into `took`."""
+
+    def __init__(
+        self,
+        cfg: RuntimeConfig,
+        handlers: HandlerFactory,
+        group: int,
+        query: str,
+        batch: int,
+        data: GroupInput,
+        pending: Pending | None,
+        now_ms: int,
+        watermark_ms: int,
+        cache: StoreCache,
+        durable: DurableState,
+        took: dict[str, float],
+    ) -> None:
+        self.cfg, self.handlers = cfg, handlers
+        self.group, self.query, self.batch = group, query, batch
+        self.data, self.now_ms, self.watermark_ms = data, now_ms, watermark_ms
+        self.cache, self.durable, self.took = cache, durable, took
+        self.pending: Pending = dict(pending or {})
+        self.slices = sorted(
+            set(data.spans) | set(_due(self.pending, now_ms, watermark_ms)) | data.woken
+        )
+        if cfg.partitions is not None:
+            _check_range(group, self.slices, cfg.slices, cfg.partitions)
+        self.metrics: dict[str, Any] = {
+            "group": group,
+            "records": data.records,
+            "slices": len(self.slices),
+            "restores": [],
+            "timers_fired": 0,
+            "attempts": 1,
+            "handler_retries": 0,
+        }
+        self.known: dict[int, Head | None] = {}
+        self.heads: dict[int, Head | None] = {}
+        self.plans: list[tuple[int, int, bool]] = []
+        self.stores: dict[int, tuple[Any, Head | None, Any]] = {}
+        self.snapshots: dict[int, Future] = {}
+        self.uploads_since = 0.0
+        self.rows: list[tuple] = []
+        self.commits: list[SliceCommit] = []
+        self.deltas: list[tuple[list, list]] = []
+        self.letters: list[DeadLetter] = []
+        self.done: Any = None
+        self._clock = time.perf_counter()
+
+    def run(self, trust_known: bool = True) -> tuple[list[tuple], dict[str, Any], Pending]:
+        self.read_heads(trust_known)
+        self.restore()
+        self.checkpoint_snapshots()
+        self.process()
+        self.write_dead_letters()
+        self.attach_snapshots()
+        self.commit_durably()
+        self.commit_locally()
+        self.remember()
+        self.metrics["committed_slices"] = len(self.commits)
+        self.metrics["outputs"] = len(self.rows)
+        return self.rows, self.metrics, self.pending
+
+    def _lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.took[name] = self.took.get(name, 0.0) + now - self._clock
+        self._clock = now
+
+    def read_heads(self, trust_known: bool) -> None:
+        """The slices' heads: remembered from this host's previous batch of the group when
+        it can be trusted, the rest read from DynamoDB; and each slice's starting version."""
+        slices = self.slices
+        known = (
+            self.cache.known_heads(self.group, self.query, self.batch, slices)
+            if trust_known
+            else {}
+        )
+        unknown = [s for s in slices if s not in known]
+        self.known = known
+        self.heads = {**known, **(self.durable.heads(unknown) if unknown else {})}
+        self.metrics["heads_known"], self.metrics["heads_read"] = len(known), len(unknown)
+        self.plans = [
+            _plan(s, self.heads.get(s), self.query, self.batch, self.group) for s in slices
+        ]
+        self._lap("heads")
+
+    def restore(self) -> None:
+        """Each slice's local store at the version it starts from (restored if need be)."""
+        wanted = [(s, self.heads.get(s), base) for s, base, _ in self.plans]
+        self.stores = self.cache.acquire_many(wanted, self.durable)
+        for _store, _head, restored in self.stores.values():
+            if restored is not None:
+                self.metrics["restores"].append(restored.to_dict())
+        self._lap("restore")
+
+    def checkpoint_snapshots(self) -> None:
+        """A checkpoint of each store whose snapshot is due, its upload started at once."""
+        cfg = self.cfg
+        self.uploads_since = time.monotonic()  # the snapshots' uploads start from here
+        for s, base, _ in self.plans:
+            head = self.stores[s][1]
+            if s in self.data.spans and snapshot_due(
+                head, base, s, cfg.snapshot_every, cfg.snapshot_log_bytes
+            ):
+                point = self.cache.own / f"snap-{s:05d}-{new_uid()}"
+                self.stores[s][0].checkpoint(point)
+                self.snapshots[s] = _start_snapshot(cfg, s, base, point, head)
+        self._lap("snapshot_checkpoints")
+
+    def process(self) -> None:
+        """Each slice's records in stream order, then its due timers, writes buffered."""
+        cfg = self.cfg
+        for s, base, rerun in self.plans:
+            head = self.stores[s][1]
+            tx = Transaction(self.stores[s][0])
+            lo, hi = self.data.spans.get(s, (0, 0))
+            result = run_slice(
+                handler_for(self.handlers, s), tx, s, self.batch, self.now_ms, self.watermark_ms,
+                self.data.events[lo:hi], cfg.value_format, cfg.allow_pickle, cfg.policy,
+            )  # fmt: skip
+            self.metrics["timers_fired"] += result.timers_fired
+            self.letters += result.dead_letters
+            self.metrics["handler_retries"] += result.handler_retries
+            if result.next_processing_timer is None and result.next_event_timer is None:
+                self.pending.pop(s, None)
+            else:
+                self.pending[s] = (result.next_processing_timer, result.next_event_timer)
+            changes = tx.changes()
+            timers = (result.next_processing_timer, result.next_event_timer)
+            index_stale = head is not None and timers != (head.next_timer, head.next_event_timer)
+            if changes or rerun or index_stale:
+                self.commits.append(SliceCommit(s, base + 1, head, changes, timers=timers))
+                self.deltas.append((changes, tx.undo(changes)))
+            self.rows += [
+                ("out", s, self.batch, j, k, dumps(v)) for j, (k, v) in enumerate(result.outputs)
+            ]
+        self._lap("process")
+
+    def write_dead_letters(self) -> None:
+        """Records set aside go out before the commit: a batch whose letters are not
+        written is not done."""
+        letters = self.letters
+        self.metrics["dead_letters"] = len(letters)
+        if not letters:
+            return
+        where = target(self.cfg.dead_letter_target()).write(
+            self.query, self.batch, self.group, letters
+        )
+        log.warning(
+            "group %s batch %s: %d record(s) set aside in %s: %s",
+            self.group, self.batch, len(letters), where,
+            ", ".join(f"{x.coordinates} ({x.stage})" for x in letters[:20]),
+        )  # fmt: skip
+        self._lap("dead_letters")
+
+    def attach_snapshots(self) -> None:
+        """The snapshots' uploads awaited and referenced from their slices' commits."""
+        heads = {s: self.stores[s][1] for s in self.snapshots}
+        self.commits, self.metrics["snapshots"], self.metrics["snapshot_bytes"] = with_snapshots(
+            self.commits, self.snapshots, heads
+        )
+        self._lap("snapshot_wait")
+
+    def commit_durably(self) -> None:
+        """One segment to S3, then the heads in DynamoDB, conditional on the heads read."""
+        try:
+            self.done = self.durable.commit(
+                self.query, self.batch, self.group, self.commits,
+                owner=self.cache.owner, uploads_since=self.uploads_since,
+            )  # fmt: skip
+        except HeadConflictError as exc:
+            if set(exc.slices) & set(self.known):
+                raise StaleHeads(str(exc)) from exc
+            raise
+        for name, seconds in self.done.seconds.items():
+            self.took[f"commit_{name}"] = self.took.get(f"commit_{name}", 0.0) + seconds
+        self._clock = time.perf_counter()
+        self.metrics["segment_bytes"] = self.done.bytes
+        self.metrics["transactions"] = self.done.transactions
+
+    def commit_locally(self) -> None:
+        """The committed changes applied to the local stores, with their undo records."""
+        cfg, done = self.cfg, self.done
+        for c, (changes, undo) in zip(self.commits, self.deltas, strict=True):
+            store = self.stores[c.slice][0]
+            store.commit(changes, c.version, undo, tag=done.uid)
+            if snapshot_due(
+                done.heads.get(c.slice), c.version, c.slice, cfg.snapshot_every,
+                cfg.snapshot_log_bytes,
+            ):  # fmt: skip
+                store.flush_soon()  # the next batch's checkpoint then finds it done
+        self._lap("local_commit")
+
+    def remember(self) -> None:
+        """The heads after this batch, for this host's next batch of the group."""
+        heads = {s: self.done.heads.get(s, self.stores[s][1]) for s in self.slices}
+        self.cache.remember(self.group, self.query, self.batch, heads)
+        self._lap("remember")
+
+
+def _start_snapshot(
+    cfg: RuntimeConfig, slice_id: int, version: int, checkpoint: Path, head: Head | None
+) -> Future[tuple[SnapRef, int]]:
+    """Start uploading a checkpoint taken at `version` (here, or in the helper process with
+    `snapshot_uploads="helper"`); the checkpoint is removed once the upload is over."""
+    previous = head.snaps[-1] if head is not None and head.snaps else None
+    if cfg.snapshot_uploads == "helper":
+        future = transfer_process().snapshot(cfg.location, slice_id, version, checkpoint, previous)
+    else:
+        future = snapshot_pool().submit(
+            upload_checkpoint, cfg.location, slice_id, version, checkpoint, previous
+        )
+    future.add_done_callback(lambda _: shutil.rmtree(checkpoint, ignore_errors=True))
+    return future
+
+
+def _plan(s: int, head: Head | None, query: str, batch: int, group: int) -> tuple[int, int, bool]:
+    """The version slice `s` must start this batch from, and whether this is a re-run.
+
+    A head written by this very batch of this query, by this group, means Spark is running
+    the batch again: start from the version before it and commit in its place. Written in
+    this batch by another group, it is not ours to replace: two groups touched the slice
+    (a group layout that changed under a running checkpoint), and the batch fails.
+    """
+    if head is not None and head.query == query and head.batch > batch:
+        raise ProcessorError(
+            f"slice {s}: committed by batch {head.batch} of this query, but Spark is running "
+            f"batch {batch}; the checkpoint is older than the state"
+        )
+    rerun = head is not None and head.query == query and head.batch == batch
+    if rerun and head is not None and head.log and head.log[-1].group != group:
+        raise ProcessorError(
+            f"slice {s}: group {head.log[-1].group} already committed it in batch {batch} of "
+            f"this query, and group {group} is running it too: the job's group layout "
+            "changed under its checkpoint (spark.sql.shuffle.partitions must stay as the "
+            "checkpoint has it)"
+        )
+    base = 0 if head is None else head.version - (1 if rerun else 0)
+    return s, base, rerun
+
+
+def _due(pending: Pending, now_ms: int, watermark_ms: int) -> list[int]:
+    return [
+        s
+        for s, (proc, event) in pending.items()
+        if (proc is not None and proc <= now_ms) or (event is not None and event <= watermark_ms)
+    ]
+
+
+def _check_range(group: int, slices: list[int], total: int, partitions: int) -> None:
+    """Refuse slices (records or pending timers) outside the group's range: another group
+    owns them, and two groups committing one slice in a batch would each take the other's
+    commit for a re-run of its own."""
+    own = slices_of_key(group, total, partitions)
+    stray = [s for s in slices if s not in own]
+    if stray:
+        raise ProcessorError(
+            f"group {group} was given slices {stray[:10]} outside its range "
+            f"{own.start}-{own.stop - 1} of {total} slices in {partitions} partitions: the "
+            "job's group layout does not match the one this checkpoint's state was built "
+            "with (keep spark.sql.shuffle.partitions as the checkpoint has it)"
+        )
+
+
+def _snapshot_result(s: int, future: Future, head: Head | None) -> tuple[SnapRef, int] | None:
+    """A snapshot's reference (naming the batch that committed its version, from `head`'s
+    log) and the bytes it sent; None when it failed."""
+    try:
+        ref, sent = future.result()
+    except Exception as exc:  # noqa: BLE001 - a snapshot is an optimisation; commit without it
+        log.warning("slice %s: snapshot failed, committing without it: %s", s, exc)
+        return None
+    entry = next((e for e in head.log if e.version == ref.version), None) if head else None
+    if entry is not None:
+        ref = replace(ref, batch=entry.batch, query=entry.query)
+    return ref, sent
+
+
+def with_snapshots(
+    commits: list[SliceCommit], snapshots: dict[int, Future], heads: dict[int, Head | None]
+) -> tuple[list[SliceCommit], int, int]:
+    """Attach the snapshots taken this batch to their slices' commits. A snapshot that
+    failed is left out (logged); one of a slice that commits nothing is unreferenced
+    and garbage-collected."""
+    results = {s: _snapshot_result(s, f, heads[s]) for s, f in snapshots.items()}
+    out, count, sent = [], 0, 0
+    for c in commits:
+        found = results.get(c.slice)
+        if found is not None:
+            c = replace(c, snapshot=found[0])
+            count += 1
+            sent += found[1]
+        out.append(c)
+    return out, count, sent
