@@ -34,7 +34,8 @@ from shardless.changelog import resources
 from shardless.changelog.durable import DurableState, SliceCommit
 from shardless.changelog.layout import AppLocation, Head
 from shardless.processor.local import emulators as local_aws
-from shardless.processor.local.faults.fault_proxy import FaultProxy, Rule
+from shardless.processor.local.faults.fault_proxy import FaultProxy
+from shardless.processor.local.faults.rules import Rule
 
 SIZES = (100, 128, 256)  # changed slices in one group's commit: 1, 2 and 3 transactions
 READ_SIZES = (100, 128, 256, 1024)  # heads read at once: 1, 2, 3 and 11 BatchGetItem calls

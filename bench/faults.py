@@ -41,7 +41,7 @@ import boto3
 
 from shardless.processor.local import emulators as local_aws
 from shardless.processor.local.faults import runner
-from shardless.processor.local.faults.proxy import Proxy
+from shardless.processor.local.faults.fault_proxy import FaultProxy
 from shardless.processor.local.faults.schedule import KILLS, KINDS, Schedule, draw, with_stall
 
 
@@ -73,8 +73,8 @@ def run_harness(
     outcomes: list[runner.Outcome] = []
     with (
         _aws_env(aws),
-        Proxy(aws.s3_endpoint, seed=seed) as storage,
-        Proxy(aws.kinesis_endpoint, seed=seed + 1) as kinesis_proxy,
+        FaultProxy(aws.s3_endpoint, seed=seed) as storage,
+        FaultProxy(aws.kinesis_endpoint, seed=seed + 1) as kinesis_proxy,
     ):
         env = runner.Env(kinesis, aws.env(), storage, kinesis_proxy, work, keep, stalls)
         if plans is None:

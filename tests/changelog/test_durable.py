@@ -31,7 +31,8 @@ from shardless.changelog.errors import (
 from shardless.changelog.layout import AppLocation
 from shardless.changelog.restore import identity, materialize, restore
 from shardless.changelog.snapshot import manifests, read_manifest, write_snapshot
-from shardless.processor.local.faults.fault_proxy import FaultProxy, Rule
+from shardless.processor.local.faults.fault_proxy import FaultProxy
+from shardless.processor.local.faults.rules import Rule
 from shardless.state.store import SliceStore
 
 SLICES = 16

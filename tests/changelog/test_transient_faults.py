@@ -13,7 +13,8 @@ from botocore.retries.standard import ExponentialBackoff
 from shardless.changelog import durable as durable_module
 from shardless.changelog.durable import DurableState
 from shardless.changelog.errors import CommitConflictError
-from shardless.processor.local.faults.fault_proxy import FaultProxy, Rule
+from shardless.processor.local.faults.fault_proxy import FaultProxy
+from shardless.processor.local.faults.rules import Rule
 from tests.processor.runtime.test_runtime import (
     KEYS,
     SLICES,

@@ -22,7 +22,7 @@ import pytest
 
 from bench.faults import run_harness
 from shardless.processor.local.faults import check
-from shardless.processor.local.faults.fault_proxy import Rule
+from shardless.processor.local.faults.rules import Rule
 from shardless.processor.local.faults.schedule import (
     EXECUTOR_KILL,
     GC_RUNNING,

@@ -69,7 +69,7 @@ from shardless.processor.driver import progress
 from shardless.processor.driver.config import JobConfig
 from shardless.processor.local.faults import check, events, procs
 from shardless.processor.local.faults.driver import REPO, Driver, running_batch
-from shardless.processor.local.faults.proxy import Proxy
+from shardless.processor.local.faults.fault_proxy import FaultProxy
 from shardless.processor.local.faults.schedule import (
     DRIVER_KILL,
     EXECUTOR_KILL,
@@ -117,8 +117,8 @@ class Env:
 
     kinesis: Any  # boto3 client straight to the Kinesis emulator
     aws_env: dict[str, str]  # the emulators' endpoints and dummy credentials
-    storage_proxy: Proxy  # S3 and DynamoDB (one moto server serves both)
-    kinesis_proxy: Proxy
+    storage_proxy: FaultProxy  # S3 and DynamoDB (one moto server serves both)
+    kinesis_proxy: FaultProxy
     work: Path
     keep: bool = False  # keep each schedule's folder even when it passed
     stalls: bool = False  # schedules may stall an executor (STALL_ARGS for the driver)

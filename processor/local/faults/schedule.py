@@ -27,7 +27,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field, replace
 
-from shardless.processor.local.faults.fault_proxy import Rule
+from shardless.processor.local.faults.rules import Rule
 
 DRIVER_KILL = "driver_kill"
 EXECUTOR_KILL = "executor_kill"

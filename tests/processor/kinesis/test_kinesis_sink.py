@@ -20,7 +20,8 @@ from shardless.processor.kinesis.sink import (
     put_all,
     record,
 )
-from shardless.processor.local.faults.proxy import PartialFailure, Proxy
+from shardless.processor.local.faults.fault_proxy import FaultProxy
+from shardless.processor.local.faults.partial_failures import PartialFailure
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +51,7 @@ def expected(rows: list[tuple]) -> dict[tuple[int, int], tuple[str, dict]]:
 
 @pytest.fixture
 def partial_proxy(aws):  # noqa: ANN001, ANN201
-    with Proxy(aws.kinesis_endpoint, seed=5) as proxy:
+    with FaultProxy(aws.kinesis_endpoint, seed=5) as proxy:
         yield proxy
 
 

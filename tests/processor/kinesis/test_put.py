@@ -18,7 +18,8 @@ from shardless.processor.kinesis.put import (
     put_records,
 )
 from shardless.processor.kinesis.shards import stream_records
-from shardless.processor.local.faults.proxy import PartialFailure, Proxy
+from shardless.processor.local.faults.fault_proxy import FaultProxy
+from shardless.processor.local.faults.partial_failures import PartialFailure
 
 FAST = Retries(attempts=30, base_delay_s=0.001, max_delay_s=0.01)
 
@@ -37,7 +38,7 @@ def test_calls_hold_at_most_500_records_and_5_mib():
 
 @pytest.fixture
 def proxy(aws):  # noqa: ANN001, ANN201
-    with Proxy(aws.kinesis_endpoint, seed=11) as p:
+    with FaultProxy(aws.kinesis_endpoint, seed=11) as p:
         yield p
 
 

@@ -18,14 +18,9 @@ from botocore.exceptions import ClientError
 from botocore.retries.standard import ExponentialBackoff
 
 from shardless.processor.local.emulators import LocalAws
-from shardless.processor.local.faults.fault_proxy import (
-    Call,
-    FaultProxy,
-    Rule,
-    classify,
-    error_answer,
-    unprocessed_answer,
-)
+from shardless.processor.local.faults.aws_answers import error_answer, unprocessed_answer
+from shardless.processor.local.faults.fault_proxy import FaultProxy
+from shardless.processor.local.faults.rules import Call, Rule, classify
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,8 @@ import pytest
 
 from shardless.processor.api.decoders import decoder, describe
 from shardless.processor.errors import ConfigError
-from shardless.processor.local.faults.fault_proxy import FaultProxy, Rule
+from shardless.processor.local.faults.fault_proxy import FaultProxy
+from shardless.processor.local.faults.rules import Rule
 from shardless.processor.runtime.dead_letter import (
     DeadLetter,
     DeadLetterError,
