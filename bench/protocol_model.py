@@ -31,7 +31,8 @@ from shardless.changelog import aws, gc, resources
 from shardless.changelog.durable import DurableState
 from shardless.changelog.errors import ChangelogError
 from shardless.changelog.layout import AppLocation, head_item
-from shardless.changelog.restore import RestoreJob, identity, restore_many
+from shardless.changelog.restore import identity, restore_many
+from shardless.changelog.restore_jobs import RestoreJob
 from shardless.processor.api.handlers import HandlerFactory
 from shardless.processor.driver import progress, takeover
 from shardless.processor.errors import ProcessorError

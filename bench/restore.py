@@ -43,11 +43,13 @@ import numpy as np
 import pandas as pd
 import urllib3
 
-from shardless.changelog import aws, resources, restore, snapshot
+from shardless.changelog import aws, resources, restore_transfers
 from shardless.changelog.durable import DurableState, SliceCommit
 from shardless.changelog.layout import AppLocation, Head, encode_log, encode_snaps, plan_restore
+from shardless.changelog.manifest import decode_manifest, manifests
+from shardless.changelog.objects import FILE_THREADS
 from shardless.changelog.restore import identity
-from shardless.changelog.snapshot import decode_manifest, write_snapshot
+from shardless.changelog.snapshot import write_snapshot
 from shardless.changelog.transfer_process import TRANSFER_PROCESS_BYTES, transfer_process
 from shardless.processor.api.context import Context, Event
 from shardless.processor.api.handlers import HandlerFactory
@@ -176,7 +178,7 @@ def frame(records: list[tuple[str, int]], first_seq: int) -> pd.DataFrame:
 
 def forget_manifests() -> None:
     """A new worker has no manifest cached: make this process fetch them again."""
-    snapshot.manifests = type(snapshot.manifests)()
+    manifests._items.clear()  # in place: every module that imported the cache sees it empty
 
 
 # 1. Restore of a large state against a plain download ------------------------------------
@@ -438,11 +440,11 @@ def large_restore(
             "slices": SLICES,
             "values_per_slice": values,
             "value_bytes": value_bytes,
-            "manifests_ahead": restore.MANIFESTS_AHEAD,
-            "finish_threads": restore.FINISH_THREADS,
+            "manifests_ahead": restore_transfers.MANIFESTS_AHEAD,
+            "finish_threads": restore_transfers.FINISH_THREADS,
             "transfer_process_bytes": TRANSFER_PROCESS_BYTES,
-            "open_after_transfers": restore.OPEN_AFTER_TRANSFERS,
-            "file_threads": snapshot.FILE_THREADS,
+            "open_after_transfers": restore_transfers.OPEN_AFTER_TRANSFERS,
+            "file_threads": FILE_THREADS,
             "download_threads": threads,
             "reps": reps,
             "kept_outputs_between_reps": keep,
@@ -631,7 +633,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--threads",
         type=int,
-        default=snapshot.FILE_THREADS,
+        default=FILE_THREADS,
         help="download threads of the baseline",
     )
     parser.add_argument("--reps", type=int, help="restores of each kind (default 7, quick 3)")

@@ -58,8 +58,8 @@ from shardless.changelog.layout import (
     slice_of_pk,
     slice_pk,
 )
+from shardless.changelog.objects import get_bytes, missing
 from shardless.changelog.segment import decode_section, encode_segment
-from shardless.changelog.snapshot import get_bytes, missing
 from shardless.changelog.transactions import (
     NOT_LOST,
     HeadConflictError,

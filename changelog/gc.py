@@ -43,8 +43,9 @@ from shardless.changelog import aws
 from shardless.changelog.durable import DurableState
 from shardless.changelog.errors import ChangelogError, CorruptObjectError, MissingObjectError
 from shardless.changelog.layout import AppLocation
+from shardless.changelog.manifest import decode_manifest, read_manifest
+from shardless.changelog.objects import get_bytes, is_missing
 from shardless.changelog.segment import decode_info
-from shardless.changelog.snapshot import decode_manifest, get_bytes, is_missing, read_manifest
 
 log = logging.getLogger(__name__)
 

@@ -25,105 +25,35 @@ checks, or RocksDB refusing the restored directory) is skipped with a warning: t
 restores again from the next older retained snapshot, or from the whole log, with the
 longer log tail that takes. Only when no other path reaches the target does the restore
 fail, with the snapshot's error.
+
+The jobs, outcomes and stats are in `restore_jobs`; the pipeline's transfers in
+`restore_transfers`.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections import deque
-from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
-from shardless.changelog.durable import DurableState, section_range
+from shardless.changelog.download import IN_PROCESS, Transfers, settle
+from shardless.changelog.durable import DurableState
 from shardless.changelog.errors import ContinuityError, CorruptObjectError, MissingObjectError
-from shardless.changelog.layout import Head, LogEntry, RestorePlan, plan_restore
-from shardless.changelog.snapshot import (
-    FILE_THREADS,
-    IN_PROCESS,
-    Manifest,
-    Transfers,
-    cached_manifest,
-    fetch_files,
-    file_pool,
-    manifest_from,
-    missing,
-    settle,
+from shardless.changelog.layout import Head, RestorePlan, plan_restore
+from shardless.changelog.restore_jobs import (
+    Progress,
+    RestoreJob,
+    RestoreOutcome,
+    RestoreStats,
+    _Work,
 )
+from shardless.changelog.restore_transfers import _clean, _Direct, _guard, _Snapshots, _Tails
 from shardless.changelog.transfer_process import in_helper, transfer_process
 from shardless.state.errors import CorruptStoreError
-from shardless.state.store import Change, SliceStore
+from shardless.state.store import SliceStore
 
 log = logging.getLogger(__name__)
-
-PREFETCH_BYTES = 64 << 20  # changelog sections fetched ahead of the one being applied
-PREFETCH_SECTIONS = 256  # at most this many of them
-OPEN_AFTER_TRANSFERS = False  # True: open no store before every transfer is done
-MANIFESTS_AHEAD = FILE_THREADS  # manifests requested ahead of the slice whose files are queued
-FINISH_THREADS = 4  # threads opening stores and applying tails while transfers go on
-
-
-@dataclass
-class RestoreStats:
-    slice: int
-    from_version: int
-    to_version: int
-    snapshot_version: int | None = None
-    snapshot_bytes: int = 0
-    segments: int = 0
-    records: int = 0
-    bytes: int = 0
-    seconds: float = 0.0
-    rolled_back: bool = False
-    transfer_process: bool = False  # its snapshot's SST files came through the helper process
-    skipped_snapshots: list[int] = field(default_factory=list)  # versions found unusable
-
-    @property
-    def mb_per_s(self) -> float:
-        return self.bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
-
-    def to_dict(self) -> dict[str, object]:
-        return {**asdict(self), "mb_per_s": round(self.mb_per_s, 2)}
-
-
-class Progress:
-    """Bytes restored across threads, logged with rate and time left every few seconds."""
-
-    def __init__(self, total_bytes: int, slices: int, every_s: float = 2.0) -> None:
-        self.total = total_bytes
-        self.slices = slices
-        self.every_s = every_s
-        self.done = 0
-        self.slices_done = 0
-        self.started = time.monotonic()
-        self._last = self.started
-        self._lock = threading.Lock()
-
-    def add(self, n: int) -> None:
-        with self._lock:
-            self.done += n
-            now = time.monotonic()
-            if now - self._last < self.every_s:
-                return
-            self._last = now
-        log.info("%s", self.line())
-
-    def slice_done(self) -> None:
-        with self._lock:
-            self.slices_done += 1
-
-    def line(self) -> str:
-        elapsed = max(time.monotonic() - self.started, 1e-9)
-        rate = self.done / elapsed
-        left = (self.total - self.done) / rate if rate > 0 else float("inf")
-        return (
-            f"restoring {self.slices} slices: {self.slices_done} done, "
-            f"{self.done / 1e6:.1f}/{self.total / 1e6:.1f} MB, {rate / 1e6:.1f} MB/s, "
-            f"~{left:.0f}s left"
-        )
 
 
 def identity(app: str, slice_id: int, slices: int) -> dict[str, object]:
@@ -153,33 +83,6 @@ def plan(head: Head | None, local: int | None, target: int, durable: DurableStat
             f"slice {head.slice}: {exc} (table {durable.loc.table}); refusing to restore a "
             "state with a gap"
         ) from exc
-
-
-@dataclass
-class RestoreJob:
-    """One slice to bring to exactly version `target` of `head`, in the directory `path`;
-    `store` is the store open there, if any."""
-
-    path: Path
-    identity: dict[str, object]
-    head: Head | None
-    target: int
-    store: SliceStore | None = None
-
-    @property
-    def slice(self) -> int:
-        return int(self.identity["slice"])  # type: ignore[call-overload]
-
-
-@dataclass
-class RestoreOutcome:
-    """A job's result: its store at the target version and what it cost, or why it
-    failed (its store then closed and its directory removed)."""
-
-    job: RestoreJob
-    store: SliceStore | None = None
-    stats: RestoreStats | None = None
-    error: Exception | None = None
 
 
 def restore(
@@ -305,29 +208,6 @@ def _fall_back(w: _Work) -> bool:
     return True
 
 
-@dataclass(eq=False)
-class _Work:
-    """A job on its way through `restore_many`."""
-
-    job: RestoreJob
-    stats: RestoreStats
-    plan: RestorePlan | None = None
-    manifest: Future[bytes] | Future[Manifest] | None = None
-    files: list[Future[int]] = field(default_factory=list)
-    error: Exception | None = None
-    done: bool = False
-    queued: bool = False  # its snapshot's files are on the transfer pool
-    snapshot_open: bool = False  # its snapshot opened as the version it claims
-    head: Head | None = None  # the head restored from: the job's, less unusable snapshots
-
-    def __post_init__(self) -> None:
-        self.head = self.job.head
-
-    @property
-    def where(self) -> str:
-        return self.plan.snapshot.key if self.plan and self.plan.snapshot else ""
-
-
 def _catch_up_here(w: _Work, durable: DurableState) -> bool:
     """Whether the job only replays segments that are on this host onto its open store:
     another worker process of the host moved the slice on. Such a catch-up is a local
@@ -345,40 +225,8 @@ def _catch_up_here(w: _Work, durable: DurableState) -> bool:
     )
 
 
-class _Direct:
-    """Changelog sections read when they are applied, in the calling thread."""
-
-    def __init__(self, durable: DurableState) -> None:
-        self.durable = durable
-
-    def take(self, w: _Work, entry: LogEntry) -> list[Change]:
-        return self.durable.read_changes(w.job.slice, entry)
-
-
 def _local(job: RestoreJob) -> int | None:
     return job.store.version if job.store is not None else None
-
-
-def _guard(w: _Work, tails: _Tails, step) -> None:  # noqa: ANN001 - a closure
-    """Run one step of a job; on an error, record it and clean the job up."""
-    try:
-        step()
-    except Exception as exc:
-        w.error = exc
-        tails.drop(w)
-        _clean(w)
-
-
-def _clean(w: _Work) -> None:
-    """Stop the job's transfers, close its store and remove its directory."""
-    pending = [f for f in [w.manifest, *w.files] if f is not None]
-    for f in pending:
-        f.cancel()
-    wait(pending)
-    if w.job.store is not None:
-        w.job.store.close()
-        w.job.store = None
-    SliceStore.destroy(w.job.path)
 
 
 def _prepare(w: _Work, durable: DurableState) -> None:
@@ -409,96 +257,6 @@ def transfers_for(durable: DurableState, snapshot_bytes: int) -> Transfers:
         if helper.start():
             return helper
     return IN_PROCESS
-
-
-class _Snapshots:
-    """The snapshot transfers of every job, queued on the transfer pool by the calling
-    thread while it hands finished transfers on: manifests `MANIFESTS_AHEAD` ahead, each
-    one's files as soon as it has arrived, so the pool stays busy with bulk transfers."""
-
-    def __init__(
-        self, work: list[_Work], durable: DurableState, tails: _Tails, progress: Progress | None
-    ) -> None:
-        self.work = work
-        self.loc = durable.loc
-        self.tails = tails
-        self.on_bytes = progress.add if progress else _ignore
-        self.todo = deque(w for w in work if w.error is None and w.plan and w.plan.snapshot)
-        self.asked: deque[_Work] = deque()  # manifest requested, files not queued yet
-        self.transfers = tails.transfers
-
-    def run(self, finish: Callable[[_Work], None]) -> None:
-        """Call `finish` on every job that has not failed, each once its files are in
-        (with `OPEN_AFTER_TRANSFERS`, once every job's are), in `FINISH_THREADS` threads;
-        return when every call has returned."""
-        self._ask()
-        with ThreadPoolExecutor(FINISH_THREADS, thread_name_prefix="shardless-open") as pool:
-            started: list[Future[None]] = []
-            try:
-                for w in self.work:
-                    while w.error is None and not self._ready(w):
-                        self._wait(w)
-                    if w.error is None:
-                        started.append(pool.submit(finish, w))
-            except BaseException:
-                for f in started:
-                    f.cancel()
-                raise
-        for f in started:
-            f.result()  # `finish` records a job's errors: only an interrupt comes out here
-
-    def _ask(self) -> None:
-        while self.todo and len(self.asked) < MANIFESTS_AHEAD:
-            w = self.todo.popleft()
-            snap = w.plan.snapshot  # type: ignore[union-attr]
-            found = cached_manifest(snap.key)
-            if found is None:
-                w.manifest = self.transfers.fetch(self.loc.bucket, snap.key)
-            else:
-                w.manifest = done = Future()
-                done.set_result(found)
-            self.asked.append(w)
-
-    def _queue(self, block: bool) -> None:
-        """Queue the files of the jobs whose manifests are in (the next one: wait for it)."""
-        while self.asked and (block or self.asked[0].manifest.done()):  # type: ignore[union-attr]
-            block = False
-            w = self.asked.popleft()
-
-            def queue(w: _Work = w) -> None:
-                got = w.manifest.result()  # type: ignore[union-attr]
-                manifest = got
-                if not isinstance(got, Manifest):
-                    snap = w.plan.snapshot  # type: ignore[union-attr]
-                    manifest = manifest_from(
-                        self.loc, snap.key, got, slice_id=w.job.slice, version=snap.version
-                    )
-                w.files = fetch_files(self.loc, manifest, w.job.path, self.on_bytes, self.transfers)
-
-            if w.error is None:
-                _guard(w, self.tails, queue)
-            w.queued = True
-            self._ask()
-
-    def _ready(self, w: _Work) -> bool:
-        self._queue(block=False)
-        if OPEN_AFTER_TRANSFERS and (self.todo or self.asked):
-            return False
-        if not w.queued and w.plan is not None and w.plan.snapshot is not None:
-            return False
-        pending = [f for x in self.work for f in x.files] if OPEN_AFTER_TRANSFERS else w.files
-        return all(f.done() for f in pending)
-
-    def _wait(self, w: _Work) -> None:
-        """Until something `w` waits for has moved: the next manifest or one of its files."""
-        if self.asked and (OPEN_AFTER_TRANSFERS or not w.queued):
-            self._queue(block=True)
-            return
-        pending = [f for x in self.work for f in x.files] if OPEN_AFTER_TRANSFERS else w.files
-        running = [f for f in pending if not f.done()]
-        if not running:
-            raise RuntimeError(f"slice {w.job.slice}: restore waits for nothing")
-        wait(running, return_when=FIRST_COMPLETED)
 
 
 def _finish(
@@ -547,86 +305,3 @@ def _finish(
         progress.slice_done()
     w.done = True
     stats.seconds = time.perf_counter() - started
-
-
-def _ignore(n: int) -> None:
-    pass
-
-
-class _Tails:
-    """The changelog sections of every job, fetched on the transfer pool in the order they
-    are applied, ahead of the one being applied within `PREFETCH_BYTES` and
-    `PREFETCH_SECTIONS` (always at least the next one)."""
-
-    def __init__(self, durable: DurableState, transfers: Transfers = IN_PROCESS) -> None:
-        self.durable = durable
-        self.transfers = transfers  # where sections the host does not keep are fetched
-        self.order: list[tuple[_Work, LogEntry]] = []
-        self.next = 0  # the first section not requested yet
-        self.ahead: dict[tuple[int, int], tuple[Future[list[Change]] | Future[bytes], int]] = {}
-        self.held = 0  # bytes requested and not taken
-        self.dropped: set[int] = set()  # ids of jobs that failed
-        self._lock = threading.RLock()  # jobs finish in several threads
-
-    def plan(self, order: list[tuple[_Work, LogEntry]]) -> None:
-        self.order = order
-
-    def top_up(self) -> None:
-        with self._lock:
-            while self.next < len(self.order) and (
-                not self.ahead
-                or (self.held < PREFETCH_BYTES and len(self.ahead) < PREFETCH_SECTIONS)
-            ):
-                self._request_next()
-
-    def _request_next(self) -> None:
-        w, entry = self.order[self.next]
-        self.next += 1
-        if id(w) in self.dropped:
-            return
-        durable = self.durable
-        future: Future[list[Change]] | Future[bytes]
-        if durable.cached(entry):
-            future = file_pool().submit(durable.read_changes, w.job.slice, entry)
-        else:
-            future = self.transfers.fetch(
-                durable.loc.bucket, entry.key(durable.loc), section_range(entry)
-            )
-        self.ahead[(id(w), entry.version)] = (future, entry.length)
-        self.held += entry.length
-
-    def take(self, w: _Work, entry: LogEntry) -> list[Change]:
-        """The section's changes (requested now if it was not yet)."""
-        key = (id(w), entry.version)
-        with self._lock:
-            while key not in self.ahead and self.next < len(self.order):
-                self._request_next()
-            if key not in self.ahead:
-                raise RuntimeError(f"slice {w.job.slice} v{entry.version}: section never requested")
-            future, length = self.ahead.pop(key)
-            self.held -= length
-        try:
-            got = future.result()
-        except MissingObjectError as exc:
-            raise missing(self.durable.section_where(w.job.slice, entry)) from exc
-        finally:
-            self.top_up()
-        if isinstance(got, list):
-            return got
-        return self.durable.decode_changes(w.job.slice, entry, got)
-
-    def drop(self, w: _Work) -> None:
-        """Forget a failed job's sections."""
-        with self._lock:
-            self.dropped.add(id(w))
-            for key in [k for k in self.ahead if k[0] == id(w)]:
-                future, length = self.ahead.pop(key)
-                future.cancel()
-                self.held -= length
-
-    def drop_all(self) -> None:
-        with self._lock:
-            for future, _ in self.ahead.values():
-                future.cancel()
-            self.ahead.clear()
-            self.next = len(self.order)

@@ -12,7 +12,7 @@ So a restore with many bytes of snapshots to fetch (`DurableState.transfer_proce
 `TRANSFER_PROCESS_BYTES` by default, the `transfer_process_mb` setting) hands its transfers
 to a helper process, `python -m shardless.changelog.transfer_process`, started once per
 worker process and kept while the worker lives. The helper streams each SST object
-into its file with the checks of `snapshot.download_sst` (header, size, CRC-32) and answers
+into its file with the checks of `sst.download_sst` (header, size, CRC-32) and answers
 with the bytes written, or fetches a small object (a manifest, a changelog section) and
 answers with its bytes, which this process verifies as it would its own. A refusal comes
 back as the same error, with the same message.
@@ -70,18 +70,13 @@ from typing import Any, BinaryIO
 import msgpack
 
 from shardless.changelog import aws
+from shardless.changelog.download import IN_PROCESS
 from shardless.changelog.errors import ChangelogError, CorruptObjectError, MissingObjectError
 from shardless.changelog.layout import AppLocation, SnapRef
-from shardless.changelog.snapshot import (
-    FILE_THREADS,
-    IN_PROCESS,
-    OnBytes,
-    SstFile,
-    download_sst,
-    get_bytes,
-    snapshot_pool,
-    upload_checkpoint,
-)
+from shardless.changelog.manifest import SstFile
+from shardless.changelog.objects import FILE_THREADS, OnBytes, get_bytes
+from shardless.changelog.snapshot import snapshot_pool, upload_checkpoint
+from shardless.changelog.sst import download_sst
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +125,7 @@ class _Request:
 
 class TransferProcess:
     """Runs `download_sst`, `get_bytes` and `upload_checkpoint` in the helper process; a
-    drop-in for `snapshot.IN_PROCESS` (`snapshot.Transfers`) in restores."""
+    drop-in for `download.IN_PROCESS` (`download.Transfers`) in restores."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()

@@ -5,7 +5,7 @@ snapshot, and every retained version from the oldest one), every changelog secti
 references exists and passes its checksum, every retained manifest passes its checks,
 every SST object it names exists and passes its checksum, and the SST files of each
 snapshot were written by the store its RocksDB MANIFEST describes (a snapshot that mixes
-two stores' files will not open: `snapshot.foreign_files`). A restore would fall back past
+two stores' files will not open: `sst.foreign_files`). A restore would fall back past
 such a snapshot; verify reports it. With `rebuild`, each slice is also restored from S3
 (with no fallback) and, where the history allows two different paths to the head (two
 snapshots, or a snapshot and the whole log), both are taken and must agree.
@@ -25,8 +25,9 @@ from shardless.changelog.durable import DurableState
 from shardless.changelog.errors import ChangelogError
 from shardless.changelog.inspect import digest
 from shardless.changelog.layout import AppLocation, Head, RestorePlan, plan_restore
+from shardless.changelog.manifest import read_manifest
 from shardless.changelog.restore import identity, restore
-from shardless.changelog.snapshot import foreign_files, read_manifest, scan_sst
+from shardless.changelog.sst import foreign_files, scan_sst
 
 
 @dataclass

@@ -32,15 +32,8 @@ import msgpack
 
 from shardless.changelog.durable import DurableState, owner_name
 from shardless.changelog.layout import Head, head_from_item, head_item
-from shardless.changelog.restore import (
-    Progress,
-    RestoreJob,
-    RestoreStats,
-    identity,
-    plan,
-    restore,
-    restore_many,
-)
+from shardless.changelog.restore import identity, plan, restore, restore_many
+from shardless.changelog.restore_jobs import Progress, RestoreJob, RestoreStats
 from shardless.processor.runtime.local_dirs import private_dir
 from shardless.processor.runtime.process import pid_alive
 from shardless.state.errors import CorruptStoreError

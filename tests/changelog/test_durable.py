@@ -29,8 +29,9 @@ from shardless.changelog.errors import (
     ThrottledError,
 )
 from shardless.changelog.layout import AppLocation
+from shardless.changelog.manifest import manifests, read_manifest
 from shardless.changelog.restore import identity, materialize, restore
-from shardless.changelog.snapshot import manifests, read_manifest, write_snapshot
+from shardless.changelog.snapshot import write_snapshot
 from shardless.processor.local.faults.fault_proxy import FaultProxy
 from shardless.processor.local.faults.rules import Rule
 from shardless.state.store import SliceStore

@@ -13,10 +13,12 @@ from pathlib import Path
 import boto3
 import pytest
 
+from shardless.changelog.download import identity_file
 from shardless.changelog.durable import DurableState
 from shardless.changelog.errors import CorruptObjectError
-from shardless.changelog.restore import RestoreJob, identity, restore_many
-from shardless.changelog.snapshot import identity_file, manifests
+from shardless.changelog.manifest import manifests
+from shardless.changelog.restore import identity, restore_many
+from shardless.changelog.restore_jobs import RestoreJob
 from shardless.processor.runtime.stores import StoreCache
 from shardless.state.store import SliceStore
 from tests.changelog.test_durable import SLICES, commit, kv, snapshot_of
@@ -175,8 +177,8 @@ def test_a_catch_up_from_the_hosts_segments_runs_in_the_calling_thread(
     segments the host keeps, so restore_many applies them itself, with no transfer or
     finishing thread; a slice whose segment is not on the host still goes through the
     pipeline, and a damaged cached segment is read from S3 instead."""
+    from shardless.changelog import objects as objects_module
     from shardless.changelog import restore as restore_module
-    from shardless.changelog import snapshot as snapshot_module
     from shardless.changelog.durable import SliceCommit
 
     cached = DurableState(location, segment_cache=tmp_path / "segments")
@@ -208,7 +210,7 @@ def test_a_catch_up_from_the_hosts_segments_runs_in_the_calling_thread(
     def no_transfers(*args, **kwargs):
         raise AssertionError(f"a transfer was queued: {args}")
 
-    monkeypatch.setattr(snapshot_module.file_pool(), "submit", no_transfers)
+    monkeypatch.setattr(objects_module.file_pool(), "submit", no_transfers)
     jobs = [
         RestoreJob(stale[s].path, identity(location.app, s, SLICES), heads[s], 3, stale[s])
         for s in (1, 2)

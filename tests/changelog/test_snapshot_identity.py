@@ -15,18 +15,13 @@ import boto3
 import pytest
 
 from shardless.changelog import snapshot as snapshot_module
+from shardless.changelog import sst as sst_module
+from shardless.changelog.download import download_snapshot
 from shardless.changelog.durable import DurableState
 from shardless.changelog.errors import CorruptObjectError, MissingObjectError
+from shardless.changelog.manifest import SstFile, encode_manifest, manifests, read_manifest
 from shardless.changelog.restore import identity, materialize, restore
-from shardless.changelog.snapshot import (
-    SstFile,
-    download_snapshot,
-    encode_manifest,
-    manifests,
-    read_manifest,
-    upload_checkpoint,
-    write_snapshot,
-)
+from shardless.changelog.snapshot import upload_checkpoint, write_snapshot
 from shardless.changelog.verify import verify
 from shardless.state.store import SliceStore
 from tests.changelog.test_durable import SLICES, commit, kv
@@ -78,15 +73,15 @@ def test_the_same_store_shares_its_files_without_reading_them_again(
     """A store's next snapshot shares the files it still has, and so does the first
     snapshot of a store restored from it: their checksums are known to the process (it
     uploaded or downloaded them), so no file is read again to compare."""
-    from shardless.changelog import snapshot as snapshot_module
+    from shardless.changelog import sst as sst_module
 
     a = open_store(location, tmp_path / "a")
     a.commit(values("v1"), 1)
     _, first, _ = write_snapshot(location, SLICE, 1, a.checkpoint(tmp_path / "ck1"), None)
     a.commit([kv(1000)], 2)
     reads: list[str] = []
-    real = snapshot_module._file_crc
-    monkeypatch.setattr(snapshot_module, "_file_crc", lambda p: reads.append(p.name) or real(p))
+    real = sst_module._file_crc
+    monkeypatch.setattr(sst_module, "_file_crc", lambda p: reads.append(p.name) or real(p))
     _, second, sent = write_snapshot(location, SLICE, 2, a.checkpoint(tmp_path / "ck2"), first)
     shared = set(first.files) & set(second.files)
     assert len(shared) == 1 and len(second.files) == 2 and reads == []
@@ -160,7 +155,7 @@ def _share_on_name_and_size(loc, key, path, size, previous):
     """How snapshots shared files before issue 28: on name and size alone."""
     if previous is not None:
         return previous, 0
-    return SstFile(path.name, key, size, snapshot_module._upload_sst(loc, key, path, size)), size
+    return SstFile(path.name, key, size, sst_module._upload_sst(loc, key, path, size)), size
 
 
 def history(location, tmp_path: Path, damage: str, monkeypatch) -> tuple[SliceStore, str]:

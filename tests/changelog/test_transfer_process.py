@@ -13,10 +13,12 @@ import boto3
 import pytest
 
 from shardless.changelog import restore as restore_module
+from shardless.changelog.download import IN_PROCESS, download_snapshot
 from shardless.changelog.durable import DurableState, section_range
 from shardless.changelog.errors import CorruptObjectError, MissingObjectError
-from shardless.changelog.restore import RestoreJob, identity, restore_many
-from shardless.changelog.snapshot import IN_PROCESS, download_snapshot, manifests, read_manifest
+from shardless.changelog.manifest import manifests, read_manifest
+from shardless.changelog.restore import identity, restore_many
+from shardless.changelog.restore_jobs import RestoreJob
 from shardless.changelog.transfer_process import (
     TRANSFER_PROCESS_BYTES,
     TransferError,

@@ -1,0 +1,232 @@
+"""The transfers of a restore pipeline: each snapshot's manifest and files queued on the
+transfer pool ahead of the stores being opened (`_Snapshots`), each changelog tail's
+sections fetched in the order they are applied within a budget (`_Tails`), and a failed
+job's transfers cancelled and its directory removed (`_guard`, `_clean`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+
+from shardless.changelog.download import IN_PROCESS, Transfers, fetch_files
+from shardless.changelog.durable import DurableState, section_range
+from shardless.changelog.errors import MissingObjectError
+from shardless.changelog.layout import LogEntry
+from shardless.changelog.manifest import Manifest, cached_manifest, manifest_from
+from shardless.changelog.objects import FILE_THREADS, file_pool, missing
+from shardless.changelog.restore_jobs import Progress, _Work
+from shardless.state.store import Change, SliceStore
+
+PREFETCH_BYTES = 64 << 20  # changelog sections fetched ahead of the one being applied
+PREFETCH_SECTIONS = 256  # at most this many of them
+OPEN_AFTER_TRANSFERS = False  # True: open no store before every transfer is done
+MANIFESTS_AHEAD = FILE_THREADS  # manifests requested ahead of the slice whose files are queued
+FINISH_THREADS = 4  # threads opening stores and applying tails while transfers go on
+
+
+class _Direct:
+    """Changelog sections read when they are applied, in the calling thread."""
+
+    def __init__(self, durable: DurableState) -> None:
+        self.durable = durable
+
+    def take(self, w: _Work, entry: LogEntry) -> list[Change]:
+        return self.durable.read_changes(w.job.slice, entry)
+
+
+def _guard(w: _Work, tails: _Tails, step) -> None:  # noqa: ANN001 - a closure
+    """Run one step of a job; on an error, record it and clean the job up."""
+    try:
+        step()
+    except Exception as exc:
+        w.error = exc
+        tails.drop(w)
+        _clean(w)
+
+
+def _clean(w: _Work) -> None:
+    """Stop the job's transfers, close its store and remove its directory."""
+    pending = [f for f in [w.manifest, *w.files] if f is not None]
+    for f in pending:
+        f.cancel()
+    wait(pending)
+    if w.job.store is not None:
+        w.job.store.close()
+        w.job.store = None
+    SliceStore.destroy(w.job.path)
+
+
+class _Snapshots:
+    """The snapshot transfers of every job, queued on the transfer pool by the calling
+    thread while it hands finished transfers on: manifests `MANIFESTS_AHEAD` ahead, each
+    one's files as soon as it has arrived, so the pool stays busy with bulk transfers."""
+
+    def __init__(
+        self, work: list[_Work], durable: DurableState, tails: _Tails, progress: Progress | None
+    ) -> None:
+        self.work = work
+        self.loc = durable.loc
+        self.tails = tails
+        self.on_bytes = progress.add if progress else _ignore
+        self.todo = deque(w for w in work if w.error is None and w.plan and w.plan.snapshot)
+        self.asked: deque[_Work] = deque()  # manifest requested, files not queued yet
+        self.transfers = tails.transfers
+
+    def run(self, finish: Callable[[_Work], None]) -> None:
+        """Call `finish` on every job that has not failed, each once its files are in
+        (with `OPEN_AFTER_TRANSFERS`, once every job's are), in `FINISH_THREADS` threads;
+        return when every call has returned."""
+        self._ask()
+        with ThreadPoolExecutor(FINISH_THREADS, thread_name_prefix="shardless-open") as pool:
+            started: list[Future[None]] = []
+            try:
+                for w in self.work:
+                    while w.error is None and not self._ready(w):
+                        self._wait(w)
+                    if w.error is None:
+                        started.append(pool.submit(finish, w))
+            except BaseException:
+                for f in started:
+                    f.cancel()
+                raise
+        for f in started:
+            f.result()  # `finish` records a job's errors: only an interrupt comes out here
+
+    def _ask(self) -> None:
+        while self.todo and len(self.asked) < MANIFESTS_AHEAD:
+            w = self.todo.popleft()
+            snap = w.plan.snapshot  # type: ignore[union-attr]
+            found = cached_manifest(snap.key)
+            if found is None:
+                w.manifest = self.transfers.fetch(self.loc.bucket, snap.key)
+            else:
+                w.manifest = done = Future()
+                done.set_result(found)
+            self.asked.append(w)
+
+    def _queue(self, block: bool) -> None:
+        """Queue the files of the jobs whose manifests are in (the next one: wait for it)."""
+        while self.asked and (block or self.asked[0].manifest.done()):  # type: ignore[union-attr]
+            block = False
+            w = self.asked.popleft()
+
+            def queue(w: _Work = w) -> None:
+                got = w.manifest.result()  # type: ignore[union-attr]
+                manifest = got
+                if not isinstance(got, Manifest):
+                    snap = w.plan.snapshot  # type: ignore[union-attr]
+                    manifest = manifest_from(
+                        self.loc, snap.key, got, slice_id=w.job.slice, version=snap.version
+                    )
+                w.files = fetch_files(self.loc, manifest, w.job.path, self.on_bytes, self.transfers)
+
+            if w.error is None:
+                _guard(w, self.tails, queue)
+            w.queued = True
+            self._ask()
+
+    def _ready(self, w: _Work) -> bool:
+        self._queue(block=False)
+        if OPEN_AFTER_TRANSFERS and (self.todo or self.asked):
+            return False
+        if not w.queued and w.plan is not None and w.plan.snapshot is not None:
+            return False
+        pending = [f for x in self.work for f in x.files] if OPEN_AFTER_TRANSFERS else w.files
+        return all(f.done() for f in pending)
+
+    def _wait(self, w: _Work) -> None:
+        """Until something `w` waits for has moved: the next manifest or one of its files."""
+        if self.asked and (OPEN_AFTER_TRANSFERS or not w.queued):
+            self._queue(block=True)
+            return
+        pending = [f for x in self.work for f in x.files] if OPEN_AFTER_TRANSFERS else w.files
+        running = [f for f in pending if not f.done()]
+        if not running:
+            raise RuntimeError(f"slice {w.job.slice}: restore waits for nothing")
+        wait(running, return_when=FIRST_COMPLETED)
+
+
+def _ignore(n: int) -> None:
+    pass
+
+
+class _Tails:
+    """The changelog sections of every job, fetched on the transfer pool in the order they
+    are applied, ahead of the one being applied within `PREFETCH_BYTES` and
+    `PREFETCH_SECTIONS` (always at least the next one)."""
+
+    def __init__(self, durable: DurableState, transfers: Transfers = IN_PROCESS) -> None:
+        self.durable = durable
+        self.transfers = transfers  # where sections the host does not keep are fetched
+        self.order: list[tuple[_Work, LogEntry]] = []
+        self.next = 0  # the first section not requested yet
+        self.ahead: dict[tuple[int, int], tuple[Future[list[Change]] | Future[bytes], int]] = {}
+        self.held = 0  # bytes requested and not taken
+        self.dropped: set[int] = set()  # ids of jobs that failed
+        self._lock = threading.RLock()  # jobs finish in several threads
+
+    def plan(self, order: list[tuple[_Work, LogEntry]]) -> None:
+        self.order = order
+
+    def top_up(self) -> None:
+        with self._lock:
+            while self.next < len(self.order) and (
+                not self.ahead
+                or (self.held < PREFETCH_BYTES and len(self.ahead) < PREFETCH_SECTIONS)
+            ):
+                self._request_next()
+
+    def _request_next(self) -> None:
+        w, entry = self.order[self.next]
+        self.next += 1
+        if id(w) in self.dropped:
+            return
+        durable = self.durable
+        future: Future[list[Change]] | Future[bytes]
+        if durable.cached(entry):
+            future = file_pool().submit(durable.read_changes, w.job.slice, entry)
+        else:
+            future = self.transfers.fetch(
+                durable.loc.bucket, entry.key(durable.loc), section_range(entry)
+            )
+        self.ahead[(id(w), entry.version)] = (future, entry.length)
+        self.held += entry.length
+
+    def take(self, w: _Work, entry: LogEntry) -> list[Change]:
+        """The section's changes (requested now if it was not yet)."""
+        key = (id(w), entry.version)
+        with self._lock:
+            while key not in self.ahead and self.next < len(self.order):
+                self._request_next()
+            if key not in self.ahead:
+                raise RuntimeError(f"slice {w.job.slice} v{entry.version}: section never requested")
+            future, length = self.ahead.pop(key)
+            self.held -= length
+        try:
+            got = future.result()
+        except MissingObjectError as exc:
+            raise missing(self.durable.section_where(w.job.slice, entry)) from exc
+        finally:
+            self.top_up()
+        if isinstance(got, list):
+            return got
+        return self.durable.decode_changes(w.job.slice, entry, got)
+
+    def drop(self, w: _Work) -> None:
+        """Forget a failed job's sections."""
+        with self._lock:
+            self.dropped.add(id(w))
+            for key in [k for k in self.ahead if k[0] == id(w)]:
+                future, length = self.ahead.pop(key)
+                future.cancel()
+                self.held -= length
+
+    def drop_all(self) -> None:
+        with self._lock:
+            for future, _ in self.ahead.values():
+                future.cancel()
+            self.ahead.clear()
+            self.next = len(self.order)
