@@ -86,7 +86,7 @@ class GroupRunner:
         group = int(key[0])
         if self.config.group_owner == "process":
             out, pending = self._in_owner(
-                (group, query, batch, pdf, pending, now_ms, watermark_ms, took)
+                group, query, batch, pdf, pending, now_ms, watermark_ms, took
             )
         else:
             out, pending = self._here(group, query, batch, pdf, pending, now_ms, watermark_ms, took)
@@ -104,7 +104,17 @@ class GroupRunner:
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_blob"}
 
-    def _in_owner(self, args: tuple) -> tuple[pd.DataFrame, Pending]:
+    def _in_owner(
+        self,
+        group: int,
+        query: str,
+        batch: int,
+        pdf: pd.DataFrame | None,
+        pending: Pending,
+        now_ms: int,
+        watermark_ms: int,
+        took: dict[str, float],
+    ) -> tuple[pd.DataFrame, Pending]:
         """Run the batch in the group's owner process on this host
         (`shardless.processor.runtime.owner`)."""
         from pyspark import cloudpickle
@@ -114,7 +124,8 @@ class GroupRunner:
         blob = self.__dict__.get("_blob")
         if blob is None:
             blob = self._blob = cloudpickle.dumps(self)
-        return owner.call(self, blob, args)
+        batch_call = owner.BatchCall(group, query, batch, pdf, pending, now_ms, watermark_ms, took)
+        return owner.call(self, blob, batch_call)
 
     def _here(
         self,

@@ -35,6 +35,7 @@ import subprocess
 import sys
 import time
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -205,18 +206,32 @@ def connect(
         time.sleep(0.005)
 
 
+@dataclass(frozen=True)
+class BatchCall:
+    """One group's batch for its owner to run: `GroupRunner.run`'s arguments, by name."""
+
+    group: int
+    query: str
+    batch: int
+    pdf: Any  # the group's records (a pandas DataFrame), or None
+    pending: dict[int, tuple[int | None, int | None]]
+    now_ms: int
+    watermark_ms: int
+    timings: dict[str, float] = field(default_factory=dict)
+
+
 def call(
     runner: Any,
     blob: bytes,
-    args: tuple,
+    batch_call: BatchCall,
     watch: int | None = None,
 ) -> Any:
-    """Run `runner.run(*args)` in the owner of the group `args[0]`; `blob` is `runner`
-    pickled (the owner keeps the runner it unpickled for later calls with the same blob).
-    Errors raised in the owner are raised here."""
+    """Run `batch_call` with `runner` in the owner of its group; `blob` is `runner` pickled
+    (the owner keeps the runner it unpickled for later calls with the same blob). Errors
+    raised in the owner are raised here."""
     cfg = runner.config
-    group, batch = args[0], args[2]
-    request = ("run", (hashlib.sha1(blob).digest(), blob, args, time.time()))
+    group, batch = batch_call.group, batch_call.batch
+    request = ("run", (hashlib.sha1(blob).digest(), blob, batch_call, time.time()))
     deadline = time.monotonic() + STARTUP_SECONDS
     reruns = 0
     while True:
@@ -305,7 +320,7 @@ def _serve(conn: socket.socket, runners: dict[bytes, Any]) -> bool:
     if kind in ("pid", "stop"):
         _send(conn, ("ok", os.getpid(), ""))
         return kind != "stop"
-    digest, blob, args, sent_at = payload
+    digest, blob, bc, sent_at = payload
     _send(conn, ("accepted", os.getpid(), ""))
     waited = time.time() - sent_at
     runner = runners.get(digest)
@@ -315,19 +330,21 @@ def _serve(conn: socket.socket, runners: dict[bytes, Any]) -> bool:
             runners[digest] = runner
             while len(runners) > _RUNNERS_KEPT:
                 runners.pop(next(iter(runners)))
-        timings = dict(args[7] or {})
-        timings["owner_request"] = waited
-        with profiled(args[0], args[2]), no_cycle_collection():
-            value = runner.run(*args[:7], timings)
+        timings = {**bc.timings, "owner_request": waited}
+        with profiled(bc.group, bc.batch), no_cycle_collection():
+            value = runner.run(
+                bc.group, bc.query, bc.batch, bc.pdf, bc.pending, bc.now_ms, bc.watermark_ms,
+                timings,
+            )  # fmt: skip
         reply: tuple[str, Any, str] = ("ok", value, "")
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the worker
-        log.exception("group %s batch %s failed", args[0], args[2])
+        log.exception("group %s batch %s failed", bc.group, bc.batch)
         reply = _reply_error(exc)
     try:
         _send(conn, reply)
     except OSError as exc:  # the worker is gone: its task fails and Spark runs it again
         log.warning(
-            "group %s batch %s: the worker left before the result: %s", args[0], args[2], exc
+            "group %s batch %s: the worker left before the result: %s", bc.group, bc.batch, exc
         )
     return True
 

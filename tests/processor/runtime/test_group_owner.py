@@ -64,8 +64,8 @@ class OwnedRunner:
         self.pending: dict = {}
 
     def run(self, group: int, batch: int, pdf: pd.DataFrame | None) -> pd.DataFrame:
-        args = (group, "q", batch, pdf, self.pending, 1_000, -1, {})
-        out, self.pending = owner.call(self.inner, self.blob, args, watch=os.getpid())
+        call = owner.BatchCall(group, "q", batch, pdf, self.pending, 1_000, -1)
+        out, self.pending = owner.call(self.inner, self.blob, call, watch=os.getpid())
         return out
 
     def stop(self, group: int = 0) -> None:
@@ -190,8 +190,8 @@ def test_an_owner_exits_when_idle_and_when_its_watched_process_ends(location, tm
 
     watched = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        args = (2, "q", 0, frame(KEYS[:10]), {}, 1_000, -1, {})
-        out, _ = owner.call(runner, blob, args, watch=watched.pid)
+        call = owner.BatchCall(2, "q", 0, frame(KEYS[:10]), {}, 1_000, -1)
+        out, _ = owner.call(runner, blob, call, watch=watched.pid)
         pid = metrics_of(out)["pid"]
     finally:
         watched.kill()
