@@ -145,9 +145,9 @@ class SliceStore:
     def flush_soon(self) -> None:
         """Start writing the memtable to an SST file on RocksDB's own thread, and return.
 
-        A checkpoint flushes the memtable first and waits for it: 4-10 ms of a slice's
-        checkpoint, against about 2 ms once that is done (measured here on a store of a few
-        thousand keys). Called when the slice's next batch will take a snapshot, the flush
+        A checkpoint flushes the memtable first and waits for it, most of a slice's checkpoint
+        (`docs/benchmarks.md`, "Measurements behind the code"). Called when the slice's next batch
+        will take a snapshot, the flush
         runs while the process waits for that batch, outside the GIL."""
         self._db.flush(False)
 

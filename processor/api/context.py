@@ -60,7 +60,8 @@ class Event:
     ) -> None:
         """`arrival` is the record's time, or (with `row` >= 0) a column of times to take
         row `row` of when the handler first reads it: the runtime's way of not building a
-        timestamp object per record for handlers that never look (0.2–0.4 s per 50,000)."""
+        timestamp object per record for handlers that never look (`docs/benchmarks.md`,
+        "Measurements behind the code")."""
         self.stream = stream
         self.shard = shard
         self.sequence_number = sequence_number

@@ -113,8 +113,8 @@ def slice_column(partition_key: str, slices: int) -> Column:
     The slice is `(h * slices) >> 128` for the MD5 `h` of the key's UTF-8 bytes: for a power
     of two `2**k`, the top k bits of `h`, read from its first 8 hex digits. Any other count
     splits `h` into 64-bit halves `hi`, `lo`: `(hi * slices + (lo * slices >> 64)) >> 64`,
-    exact in decimal arithmetic but slow (a 100,000-record batch took 3–5 s instead of
-    1–1.3 s in `bench.vs_spark`).
+    exact in decimal arithmetic but several times slower (`docs/benchmarks.md`,
+    "Measurements behind the code").
     """
     digest = f"md5(`{partition_key}`)"
     if slices & (slices - 1) == 0:
@@ -129,15 +129,14 @@ def slice_column(partition_key: str, slices: int) -> Column:
 def as_records(df: DataFrame, slices: int, stream: str = "records") -> DataFrame:
     """Rows of any Spark source shaped for `outputs`, as if from a single-shard stream.
 
-    `df` needs `partition_key` (string), `sequence_number` (a long, increasing in the order
-    records must be processed), `arrival` (timestamp) and `data` (binary). Every record gets
-    one stream and shard, so its sequence number alone is its `stream_order`: kept a long,
-    which sorts like the source's padded strings and crosses into Python without a string
-    per row (78-character strings cost about 0.8 s per 100,000 rows on 2 cores,
-    `docs/benchmarks.md`). What is the same for every record (stream, shard, sub-sequence
-    0) or follows from `stream_order` (the sequence number, as a string) is not a column:
-    it is declared in `stream_order`'s metadata, and the runtime fills it in rather than
-    Spark shuffling and converting four more columns per row.
+    `df` needs `partition_key` (string), `sequence_number` (a long, increasing in the order records
+    must be processed), `arrival` (timestamp) and `data` (binary). Every record gets one stream and
+    shard, so its sequence number alone is its `stream_order`: kept a long, which sorts like the
+    source's padded strings and crosses into Python without a string per row (`docs/benchmarks.md`,
+    "Measurements behind the code"). What is the same for every record (stream, shard, sub-sequence
+    0) or follows from `stream_order` (the sequence number, as a string) is not a column: it is
+    declared in `stream_order`'s metadata, and the runtime fills it in rather than Spark shuffling
+    and converting four more columns per row.
     """
     seq = F.col("sequence_number").cast("long")
     fixed = {"stream": stream, "shard": "shardId-000000000000", "subsequence": 0}

@@ -7,9 +7,9 @@ GetRecords call's client-side CPU (`docs/benchmarks.md`, "Kinesis source"). The 
 clients parse it as UTC instead: the same instant, about ten times cheaper.
 
 botocore then walks every record through its generic, model-driven parser (a few function calls per
-field: about 20 us per record, most of what was left). A successful GetRecords response is parsed
-directly instead: `json.loads`, then per record the two fields that are not plain JSON (`Data`,
-base64; the timestamp). The result has the same keys and types as botocore's (see
+field, most of what was left: `docs/benchmarks.md`, "Kinesis source"). A successful GetRecords
+response is parsed directly instead: `json.loads`, then per record the two fields that are not plain
+JSON (`Data`, base64; the timestamp). The result has the same keys and types as botocore's (see
 `tests/processor/kinesis/test_source_client.py`); every other operation, and every error response,
 goes through botocore's parser. The clients have a botocore session of their own, so other clients
 keep botocore's defaults.

@@ -85,7 +85,7 @@ class LocalAws:
     def stop(self) -> None:
         """SIGTERM our processes, SIGKILL whatever is left after a grace period; idempotent.
 
-        kinesis-local, once it has served requests, ignores SIGTERM for 20 s and more (measured)
+        kinesis-local, once it has served requests, ignores SIGTERM for many seconds
         and keeps nothing worth flushing, so it only gets a short grace. Pids are forgotten
         afterwards, so a second call does nothing.
         """

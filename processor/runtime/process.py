@@ -31,8 +31,8 @@ def no_cycle_collection() -> Iterator[None]:
 
     A batch allocates a few objects per record that live until its commit (events, the
     transaction's reads and writes), so the collector would run its full pass, over every
-    object of a Python worker holding pandas, Arrow and PySpark, several times a batch:
-    0.1-0.2 s of a 50,000-record batch, measured. Reference counting still frees what the
+    object of a Python worker holding pandas, Arrow and PySpark, several times a batch
+    (`docs/benchmarks.md`, "Measurements behind the code"). Reference counting still frees what the
     batch drops; the cycles it leaves wait for the collector's next pass after the batch.
     The objects alive after the first batch (modules, handler, caches) are frozen out of
     later passes."""
