@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from shardless.changelog.errors import ChangelogError
+from shardless.processor.driver.flags import add_job_flags
 from shardless.processor.errors import ProcessorError
 from shardless.processor.local import emulators as local_aws
 from shardless.processor.tools import state_cli
@@ -63,41 +64,12 @@ def default_checkpoint(app: str) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     from shardless.processor.api.app import load_handler
-    from shardless.processor.driver.config import JobConfig
+    from shardless.processor.driver.flags import job_config
     from shardless.processor.driver.job import console_sink, parquet_sink, start
     from shardless.processor.driver.spark import session
 
     handler = load_handler(args.app_file)
-    cfg = JobConfig(
-        app=args.app,
-        streams=tuple(args.stream),
-        checkpoint=args.checkpoint or default_checkpoint(args.app),
-        slices=args.slices,
-        groups=args.groups,
-        starting_position=args.starting_position,
-        allow_recount=args.allow_recount,
-        max_records_per_shard=args.max_records_per_shard,
-        max_bytes_per_shard=args.max_bytes_per_shard,
-        idle_poll_ms=args.idle_poll_ms,
-        on_trimmed=args.on_trimmed,
-        on_corrupt_aggregate=args.on_corrupt_aggregate,
-        kinesis_endpoint=args.kinesis_endpoint,
-        allowed_lateness_ms=args.allowed_lateness_ms,
-        value_format=args.value_format,
-        snapshot_every=args.snapshot_every,
-        snapshot_log_mb=args.snapshot_log_mb,
-        keep_snapshots=args.keep_snapshots,
-        transfer_process_mb=args.transfer_process_mb,
-        snapshot_uploads=args.snapshot_uploads,
-        group_owner=args.group_owner,
-        owner_idle_seconds=args.owner_idle_seconds,
-        decoder=args.decoder,
-        on_decode_error=args.on_decode_error,
-        on_handler_error=args.on_handler_error,
-        handler_retries=args.handler_retries,
-        dead_letter=args.dead_letter,
-        **({"local_dir": args.local_dir} if args.local_dir else {}),
-    )
+    cfg = job_config(args, checkpoint=args.checkpoint or default_checkpoint(args.app))
     spark = session(args.master, groups=cfg.groups, app_name=f"shardless-{cfg.app}")
     sink = parquet_sink(args.output) if args.output else console_sink
     query = start(
@@ -162,141 +134,8 @@ def parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run an app file's process(event, ctx) over Kinesis")
     run.add_argument("app_file")
-    run.add_argument("--app", required=True, help="application name (owns bucket and table)")
-    run.add_argument("--stream", action="append", required=True, help="Kinesis stream (repeat)")
-    run.add_argument("--slices", type=int, default=256)
-    run.add_argument("--groups", type=int, default=8, help="Spark shuffle partitions")
-    run.add_argument(
-        "--checkpoint",
-        help="Spark checkpoint directory (default: ~/.local/state/shardless/checkpoints/APP)",
-    )
-    run.add_argument(
-        "--local-dir",
-        help="where executors keep slice stores (default: $SHARDLESS_LOCAL_DIR, else "
-        "~/.cache/shardless)",
-    )
+    add_job_flags(run)
     run.add_argument("--output", help="write outputs as Parquet here (default: console)")
-    run.add_argument(
-        "--starting-position",
-        default="TRIM_HORIZON",
-        help="TRIM_HORIZON, LATEST, AT_TIMESTAMP:<epoch or ISO time>, or COMMITTED (a new "
-        "checkpoint continues where the application's committed state left off)",
-    )
-    run.add_argument(
-        "--allow-recount",
-        action="store_true",
-        help="let a new checkpoint at its own starting position run on state that already "
-        "holds records of its streams (they count again; refused without this)",
-    )
-    run.add_argument(
-        "--max-records-per-shard", type=int, default=10_000, help="Kinesis records per batch"
-    )
-    run.add_argument(
-        "--max-bytes-per-shard", type=int, default=10 * 1024 * 1024, help="bytes per batch"
-    )
-    run.add_argument(
-        "--idle-poll-ms", type=int, default=1000, help="with no data, how often to look again"
-    )
-    run.add_argument(
-        "--on-trimmed",
-        choices=("fail", "oldest"),
-        default="fail",
-        help="a position older than the stream's retention: stop, or continue from the "
-        "oldest record (logged)",
-    )
-    run.add_argument(
-        "--on-corrupt-aggregate",
-        choices=("fail", "skip"),
-        default="fail",
-        help="a KPL aggregate that does not decode: stop, or skip it (logged, counted)",
-    )
-    run.add_argument(
-        "--kinesis-endpoint", help="Kinesis endpoint URL for the source (default: boto3's)"
-    )
-    run.add_argument(
-        "--allowed-lateness-ms",
-        type=int,
-        default=0,
-        help="event time: the watermark trails the latest arrival by this much",
-    )
-    run.add_argument(
-        "--value-format",
-        choices=("msgpack", "json", "raw", "pickle"),
-        default="msgpack",
-        help="how state values are stored",
-    )
-    run.add_argument(
-        "--snapshot-every", type=int, default=32, help="versions between a slice's snapshots"
-    )
-    run.add_argument(
-        "--transfer-process-mb",
-        type=float,
-        default=64.0,
-        help="a restore fetching at least this many MB of snapshots runs its S3 transfers in "
-        "a helper process, out of the way of the store opens",
-    )
-    run.add_argument(
-        "--snapshot-uploads",
-        choices=("worker", "helper"),
-        default="worker",
-        help="who uploads a slice's snapshots: threads of the process that runs the group "
-        "(default), or the worker's helper process, where the uploads' Python does not take "
-        "the GIL from the handlers (docs/durability.md)",
-    )
-    run.add_argument(
-        "--group-owner",
-        choices=("worker", "process"),
-        default="worker",
-        help="who runs a group's batches and keeps its stores: the Python worker Spark hands "
-        "it (default), or one owner process per group and host (Linux), so that groups stay "
-        "put when executors have several cores",
-    )
-    run.add_argument(
-        "--owner-idle-seconds",
-        type=int,
-        default=600,
-        help="with --group-owner process: an owner process exits after this long without a batch",
-    )
-    run.add_argument(
-        "--snapshot-log-mb",
-        type=int,
-        default=64,
-        help="snapshot sooner once a slice's changelog since its last snapshot is this big",
-    )
-    run.add_argument(
-        "--keep-snapshots", type=int, default=3, help="snapshots kept per slice for roll-back"
-    )
-    run.add_argument(
-        "--decoder",
-        choices=("raw", "utf8", "json"),
-        default="raw",
-        help="what event.value holds: the bytes, a str, or decoded JSON",
-    )
-    run.add_argument(
-        "--on-decode-error",
-        choices=("fail", "dead-letter", "raw"),
-        default="fail",
-        help="a record the decoder cannot read: fail the batch, set it aside, or pass the "
-        "bytes with event.decode_error set",
-    )
-    run.add_argument(
-        "--on-handler-error",
-        choices=("fail", "dead-letter"),
-        default="fail",
-        help="a record whose handler raises (after retries): fail the batch or set it aside "
-        "(its writes and outputs undone)",
-    )
-    run.add_argument(
-        "--handler-retries",
-        type=int,
-        default=0,
-        help="run a record whose handler raised again, up to this many times",
-    )
-    run.add_argument(
-        "--dead-letter",
-        help="s3://bucket/prefix or kinesis://stream for records set aside (default: the "
-        "application's bucket, <prefix>/dead-letter)",
-    )
     run.add_argument(
         "--master",
         help="Spark master (default: spark-submit's --master when launched by spark-submit, "

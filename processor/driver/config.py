@@ -1,13 +1,19 @@
-"""A job's configuration, in one typed place, with defaults that work locally."""
+"""A job's configuration, in one typed place, with defaults that work locally.
+
+Each field carries its `shardless run` help (and choices) in its metadata: the command's
+flags are made from the fields (`driver.flags`), so a field, its default and its flag
+cannot drift apart."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
+from typing import Any
 from urllib.parse import urlparse
 
 from shardless.changelog.errors import ConfigurationError
 from shardless.changelog.layout import AppLocation, check_app_name
-from shardless.processor.api.policies import RecordPolicy
+from shardless.processor.api.decoders import DECODERS, ON_DECODE_ERROR
+from shardless.processor.api.policies import ON_HANDLER_ERROR, RecordPolicy
 from shardless.processor.errors import ConfigError
 from shardless.processor.kinesis.positions import check_starting
 from shardless.processor.kinesis.reader import CORRUPT_POLICIES as ON_CORRUPT_AGGREGATE
@@ -17,68 +23,154 @@ from shardless.processor.runtime.local_dirs import default_local_dir, private_di
 from shardless.processor.runtime.owner import check_supported
 from shardless.state.slices import DEFAULT_SLICES, check_slices
 
+VALUE_FORMATS = ("msgpack", "json", "raw", "pickle")
+SNAPSHOT_UPLOADS = ("worker", "helper")
+GROUP_OWNERS = ("worker", "process")
+
+
+def flag(
+    default: Any = MISSING,
+    *,
+    help: str,
+    choices: tuple[str, ...] | None = None,
+    factory: Any = MISSING,
+) -> Any:
+    """A JobConfig field with its `shardless run` help (and choices) in its metadata."""
+    meta = {"help": help, "choices": choices}
+    if factory is not MISSING:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
 
 @dataclass(frozen=True)
 class JobConfig:
-    """Everything a shardless job needs besides the handler.
+    """Everything a shardless job needs besides the handler. Each field's meaning is its
+    `help` (`shardless run --help`; `docs/configuration.md` says more)."""
 
-    app:        the application's name; it owns an S3 prefix and a DynamoDB table.
-    streams:    Kinesis streams to read.
-    slices:     hash slices of the application's state (fixed for the life of its state).
-    groups:     Spark shuffle partitions; each runs a contiguous run of slices.
-    checkpoint: Spark's checkpoint directory for this query.
-    local_dir:  where executors keep slice stores (a cache; losing it costs only time);
-                default `$SHARDLESS_LOCAL_DIR`, else the user's `~/.cache/shardless`
-                (made 0o700). A directory owned by another user or writable by others is
-                refused.
-    starting_position: TRIM_HORIZON, LATEST, AT_TIMESTAMP:<time>, or COMMITTED (where the
-                application's committed state left off; for a new checkpoint).
-    allow_recount: let a new checkpoint at its own starting position run on an application
-                whose state already holds records of its streams (they count again);
-                refused otherwise.
-    on_trimmed: fail | oldest: a source position older than the stream's retention.
-    on_corrupt_aggregate: fail | skip: a KPL aggregate that does not decode.
-    kinesis_endpoint: a Kinesis endpoint URL for this job's source (default: boto3's own).
-    decoder:    raw | utf8 | json: what `event.value` holds (`shardless.processor.api.policies`).
-    on_decode_error: fail | dead-letter | raw: a record the decoder cannot read.
-    on_handler_error: fail | dead-letter: a record whose handler raises (after retries).
-    handler_retries: attempts more for a record whose handler raises (writes undone).
-    dead_letter: s3://bucket/prefix or kinesis://stream for records set aside (default:
-                the application's bucket, under `<prefix>/dead-letter`).
-    """
-
-    app: str
-    streams: tuple[str, ...]
-    checkpoint: str
-    slices: int = DEFAULT_SLICES
-    groups: int = 8
-    local_dir: str = field(default_factory=default_local_dir)
-    bucket: str | None = None
-    prefix: str | None = None
-    table: str | None = None
-    starting_position: str = "TRIM_HORIZON"
-    allow_recount: bool = False
-    max_records_per_shard: int = 10_000
-    max_bytes_per_shard: int = 10 * 1024 * 1024
-    idle_poll_ms: int = 1000
-    on_trimmed: str = "fail"
-    on_corrupt_aggregate: str = "fail"
-    kinesis_endpoint: str | None = None
-    allowed_lateness_ms: int = 0
-    timer_poll_ms: int = 1000
-    value_format: str = "msgpack"
-    snapshot_every: int = 32
-    snapshot_log_mb: int = 64
-    keep_snapshots: int = 3
-    transfer_process_mb: float = 64.0
-    snapshot_uploads: str = "worker"
-    group_owner: str = "worker"
-    owner_idle_seconds: int = 600
-    decoder: str = "raw"
-    on_decode_error: str = "fail"
-    on_handler_error: str = "fail"
-    handler_retries: int = 0
-    dead_letter: str | None = None
+    app: str = flag(help="application name (owns bucket and table)")
+    streams: tuple[str, ...] = flag(help="Kinesis stream (repeat)")
+    checkpoint: str = flag(
+        help="Spark checkpoint directory (default: ~/.local/state/shardless/checkpoints/APP)"
+    )
+    slices: int = flag(
+        DEFAULT_SLICES,
+        help="hash slices of the application's state (fixed for the life of its state)",
+    )
+    groups: int = flag(8, help="Spark shuffle partitions")
+    local_dir: str = flag(
+        factory=default_local_dir,
+        help=(
+            "where executors keep slice stores (default: $SHARDLESS_LOCAL_DIR, else "
+            "~/.cache/shardless)"
+        ),
+    )
+    bucket: str | None = flag(None, help="S3 bucket for the state (default: shardless-APP)")
+    prefix: str | None = flag(None, help="key prefix in the bucket (default: APP; '' for none)")
+    table: str | None = flag(None, help="DynamoDB table for the state (default: shardless-APP)")
+    starting_position: str = flag(
+        "TRIM_HORIZON",
+        help=(
+            "TRIM_HORIZON, LATEST, AT_TIMESTAMP:<epoch or ISO time>, or COMMITTED (a new "
+            "checkpoint continues where the application's committed state left off)"
+        ),
+    )
+    allow_recount: bool = flag(
+        False,
+        help=(
+            "let a new checkpoint at its own starting position run on state that already holds "
+            "records of its streams (they count again; refused without this)"
+        ),
+    )
+    max_records_per_shard: int = flag(10_000, help="Kinesis records per batch")
+    max_bytes_per_shard: int = flag(10 * 1024 * 1024, help="bytes per batch")
+    idle_poll_ms: int = flag(1000, help="with no data, how often to look again")
+    on_trimmed: str = flag(
+        "fail",
+        help=(
+            "a position older than the stream's retention: stop, or continue from the oldest "
+            "record (logged)"
+        ),
+        choices=ON_TRIMMED,
+    )
+    on_corrupt_aggregate: str = flag(
+        "fail",
+        help="a KPL aggregate that does not decode: stop, or skip it (logged, counted)",
+        choices=ON_CORRUPT_AGGREGATE,
+    )
+    kinesis_endpoint: str | None = flag(
+        None, help="Kinesis endpoint URL for the source (default: boto3's)"
+    )
+    allowed_lateness_ms: int = flag(
+        0, help="event time: the watermark trails the latest arrival by this much"
+    )
+    timer_poll_ms: int = flag(
+        1000,
+        help="while event timers are pending, how often an idle group is called so they can fire",
+    )
+    value_format: str = flag("msgpack", help="how state values are stored", choices=VALUE_FORMATS)
+    snapshot_every: int = flag(32, help="versions between a slice's snapshots")
+    snapshot_log_mb: int = flag(
+        64, help="snapshot sooner once a slice's changelog since its last snapshot is this big"
+    )
+    keep_snapshots: int = flag(3, help="snapshots kept per slice for roll-back")
+    transfer_process_mb: float = flag(
+        64.0,
+        help=(
+            "a restore fetching at least this many MB of snapshots runs its S3 transfers in a "
+            "helper process, out of the way of the store opens"
+        ),
+    )
+    snapshot_uploads: str = flag(
+        "worker",
+        help=(
+            "who uploads a slice's snapshots: threads of the process that runs the group "
+            "(default), or the worker's helper process, where the uploads' Python does not take "
+            "the GIL from the handlers (docs/durability.md)"
+        ),
+        choices=SNAPSHOT_UPLOADS,
+    )
+    group_owner: str = flag(
+        "worker",
+        help=(
+            "who runs a group's batches and keeps its stores: the Python worker Spark hands it "
+            "(default), or one owner process per group and host (Linux), so that groups stay put "
+            "when executors have several cores"
+        ),
+        choices=GROUP_OWNERS,
+    )
+    owner_idle_seconds: int = flag(
+        600,
+        help="with --group-owner process: an owner process exits after this long without a batch",
+    )
+    decoder: str = flag(
+        "raw", help="what event.value holds: the bytes, a str, or decoded JSON", choices=DECODERS
+    )
+    on_decode_error: str = flag(
+        "fail",
+        help=(
+            "a record the decoder cannot read: fail the batch, set it aside, or pass the bytes "
+            "with event.decode_error set"
+        ),
+        choices=ON_DECODE_ERROR,
+    )
+    on_handler_error: str = flag(
+        "fail",
+        help=(
+            "a record whose handler raises (after retries): fail the batch or set it aside (its "
+            "writes and outputs undone)"
+        ),
+        choices=ON_HANDLER_ERROR,
+    )
+    handler_retries: int = flag(
+        0, help="run a record whose handler raised again, up to this many times"
+    )
+    dead_letter: str | None = flag(
+        None,
+        help=(
+            "s3://bucket/prefix or kinesis://stream for records set aside (default: the "
+            "application's bucket, <prefix>/dead-letter)"
+        ),
+    )
 
     def __post_init__(self) -> None:
         try:
@@ -98,7 +190,7 @@ class JobConfig:
         self.record_policy()  # raises ConfigError on a bad decoder or policy
         if self.dead_letter is not None:
             target(self.dead_letter)
-        if self.value_format not in ("msgpack", "json", "raw", "pickle"):
+        if self.value_format not in VALUE_FORMATS:
             raise ConfigError(
                 f"value_format {self.value_format!r}: use msgpack (default), json, raw or pickle"
             )

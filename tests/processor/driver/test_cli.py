@@ -170,3 +170,30 @@ def test_run_leaves_the_master_to_spark_submit_unless_given(monkeypatch):
     assert spark_mod.launched_by_spark_submit()
     monkeypatch.delenv("PYSPARK_GATEWAY_PORT")
     assert not spark_mod.launched_by_spark_submit()
+
+
+def _run_args(*extra: str):  # noqa: ANN202
+    run = dict(next(a for a in cli.parser()._actions if a.dest == "command").choices)["run"]
+    return run.parse_args(["app.py", "--app", "a", "--stream", "s", *extra])
+
+
+def test_every_jobconfig_field_has_its_run_flag_with_the_fields_default(tmp_path):
+    """`shardless run`'s flags are made from JobConfig's fields: parsing no options gives
+    the JobConfig of the fields' own defaults, and each field's flag sets that field."""
+    import dataclasses
+
+    from shardless.processor.driver.config import JobConfig
+    from shardless.processor.driver.flags import job_config, option
+
+    local = str(tmp_path / "stores")
+    plain = job_config(_run_args("--local-dir", local), checkpoint="/ck")
+    assert plain == JobConfig("a", ("s",), "/ck", local_dir=local)
+    changed = {"slices": "64", "groups": "4", "bucket": "b", "timer_poll_ms": "250"}
+    for f in dataclasses.fields(JobConfig):
+        if f.name in changed:
+            args = _run_args("--local-dir", local, option(f), changed[f.name])
+            cfg = job_config(args, checkpoint="/ck")
+            assert str(getattr(cfg, f.name)) == changed[f.name], f.name
+    assert job_config(_run_args("--allow-recount"), checkpoint="/ck").allow_recount
+    two = job_config(_run_args("--stream", "t"), checkpoint="/ck")
+    assert two.streams == ("s", "t")
