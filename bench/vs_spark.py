@@ -52,6 +52,8 @@ import pyarrow.parquet as pq
 
 from bench.state_loop import ZIPF_S, key_ids
 from shardless.processor.api.context import Context, Event
+from shardless.processor.runtime.group_runner import GroupRunner
+from shardless.processor.runtime.records import GroupInput, prepare
 
 CONTENDERS = (
     "shardless",
@@ -173,6 +175,49 @@ def _count_processor() -> Any:
     return CountProcessor()
 
 
+def as_records(df: Any, slices: int) -> Any:
+    """Rows of any Spark source shaped for shardless's group plan, as if from one stream
+    with one shard.
+
+    `df` needs `partition_key` (string), `sequence_number` (a long, increasing in the order
+    records must be processed), `arrival` (timestamp) and `data` (binary). Every record gets
+    one stream and shard, so its sequence number alone is its `stream_order`: kept a long,
+    which sorts like the source's padded strings and crosses into Python without a string
+    per row (`docs/benchmarks.md`, "Measurements behind the code"). What is the same for
+    every record (stream, shard, sub-sequence 0) or follows from `stream_order` (the
+    sequence number, as a string) is not a column: `FileFedRunner` fills it in, rather than
+    Spark shuffling and converting four more columns per row.
+    """
+    from pyspark.sql import functions as F
+
+    from shardless.processor.runtime.routing import slice_column
+
+    return df.select(
+        F.col("partition_key"),
+        F.col("arrival"),
+        F.col("data"),
+        slice_column("partition_key", slices).alias("slice"),
+        F.col("sequence_number").cast("long").alias("stream_order"),
+    )
+
+
+# What `as_records` leaves out: the same for every record, or (sequence_number) the string
+# of `stream_order`.
+FIXED = {
+    "stream": "bench",
+    "shard": "shardId-000000000000",
+    "subsequence": 0,
+    "sequence_number": None,
+}
+
+
+class FileFedRunner(GroupRunner):
+    """shardless's runtime fed by `as_records`: it fills in the columns left out."""
+
+    def events(self, pdf: pd.DataFrame | None) -> GroupInput:
+        return prepare(pdf, FIXED)
+
+
 class FloorRunner:
     """In shardless's plan in place of its runtime: reads a group's input and returns one
     metrics row counting it, so the `python_floor` contender measures what Spark costs to
@@ -231,8 +276,12 @@ def query_for(
     from shardless.changelog import resources
     from shardless.processor.api.handlers import HandlerFactory
     from shardless.processor.driver.config import JobConfig
-    from shardless.processor.driver.job import as_records, outputs
-    from shardless.processor.runtime.group_runner import GroupRunner
+    from shardless.processor.driver.job import (
+        RECORD_COLUMNS,
+        group_plan,
+        partitions_for,
+        runtime_config,
+    )
 
     groups = int(spark.conf.get("spark.sql.shuffle.partitions"))
     cfg = JobConfig(
@@ -246,10 +295,13 @@ def query_for(
         snapshot_uploads="helper" if contender == "shardless_uploads_in_helper" else "worker",
     )
     resources.ensure(cfg.location, cfg.slices)
-    records = as_records(src, slices, "bench")
+    records = as_records(src, slices)
+    partitions, _ = partitions_for(spark, cfg)
     # the floor: the same plan, built with FloorRunner where the runtime would be
-    runner = FloorRunner if contender == "python_floor" else GroupRunner
-    return outputs(spark, HandlerFactory(counter), cfg, records, runner)
+    runner = FloorRunner if contender == "python_floor" else FileFedRunner
+    group_function = runner(HandlerFactory(counter), runtime_config(cfg, partitions))
+    columns = tuple(c for c in RECORD_COLUMNS if c in records.columns)
+    return group_plan(records, cfg, partitions, group_function, columns)
 
 
 def cpu_seconds(pid: int | None) -> float:

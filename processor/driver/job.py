@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.streaming.state import GroupStateTimeout
@@ -106,64 +106,9 @@ def prepare(cfg: JobConfig, spark: SparkSession | None = None) -> None:
             )
 
 
-def slice_column(partition_key: str, slices: int) -> Column:
-    """`shardless.processor.runtime.routing.route(key, None, slices)` for the column
-    `partition_key`, in the JVM.
-
-    The slice is `(h * slices) >> 128` for the MD5 `h` of the key's UTF-8 bytes: for a power
-    of two `2**k`, the top k bits of `h`, read from its first 8 hex digits. Any other count
-    splits `h` into 64-bit halves `hi`, `lo`: `(hi * slices + (lo * slices >> 64)) >> 64`,
-    exact in decimal arithmetic but several times slower (`docs/benchmarks.md`,
-    "Measurements behind the code").
-    """
-    digest = f"md5(`{partition_key}`)"
-    if slices & (slices - 1) == 0:
-        top = f"CAST(conv(substr({digest}, 1, 8), 16, 10) AS BIGINT)"
-        return F.expr(f"CAST(shiftright({top}, {32 - slices.bit_length() + 1}) AS INT)")
-    hi = f"CAST(conv(substr({digest}, 1, 16), 16, 10) AS DECIMAL(20, 0))"
-    lo = f"CAST(conv(substr({digest}, 17, 16), 16, 10) AS DECIMAL(20, 0))"
-    two_64 = str(1 << 64)
-    return F.expr(f"CAST(({hi} * {slices} + ({lo} * {slices}) div {two_64}) div {two_64} AS INT)")
-
-
-def as_records(df: DataFrame, slices: int, stream: str = "records") -> DataFrame:
-    """Rows of any Spark source shaped for `outputs`, as if from a single-shard stream.
-
-    `df` needs `partition_key` (string), `sequence_number` (a long, increasing in the order records
-    must be processed), `arrival` (timestamp) and `data` (binary). Every record gets one stream and
-    shard, so its sequence number alone is its `stream_order`: kept a long, which sorts like the
-    source's padded strings and crosses into Python without a string per row (`docs/benchmarks.md`,
-    "Measurements behind the code"). What is the same for every record (stream, shard, sub-sequence
-    0) or follows from `stream_order` (the sequence number, as a string) is not a column: it is
-    declared in `stream_order`'s metadata, and the runtime fills it in rather than Spark shuffling
-    and converting four more columns per row.
-    """
-    seq = F.col("sequence_number").cast("long")
-    fixed = {"stream": stream, "shard": "shardId-000000000000", "subsequence": 0}
-    return df.select(
-        F.col("partition_key"),
-        F.col("arrival"),
-        F.col("data"),
-        slice_column("partition_key", slices).alias("slice"),
-        seq.alias("stream_order", metadata={"shardless": {"fixed": fixed}}),
-    )
-
-
-def outputs(
-    spark: SparkSession,
-    handlers: HandlerFactory,
-    cfg: JobConfig,
-    records: DataFrame | None = None,
-    runner: type = GroupRunner,
-) -> DataFrame:
-    """The streaming DataFrame of outputs (and per-group metrics rows, kind='metrics').
-
-    The input is the Kinesis source of `cfg`, or `records`: any streaming DataFrame with the
-    Kinesis source's columns, or `as_records`'s (files in a benchmark, say). Durable commits
-    go to the application's S3 bucket and DynamoDB table either way. `runner` is the class
-    Spark calls per group, built as `runner(handlers, RuntimeConfig)` (a benchmark swaps in
-    one that does no state work).
-    """
+def partitions_for(spark: SparkSession, cfg: JobConfig) -> tuple[int, tuple[int, int] | None]:
+    """The shuffle partitions the groups are laid out for (the checkpoint's, when it fixed
+    them), and the checkpoint's layout (partitions, sources), None for a new checkpoint."""
     from shardless.processor.driver import recorder
 
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
@@ -197,55 +142,46 @@ def outputs(
             -(-cfg.slices // partitions // 100),
             -(-cfg.slices // 100),
         )
+    return partitions, layout
+
+
+def runtime_config(cfg: JobConfig, partitions: int) -> RuntimeConfig:
+    """What the group runner on the executors needs of the job's configuration."""
+    return RuntimeConfig(
+        location=cfg.location,
+        slices=cfg.slices,
+        local_dir=cfg.local_dir,
+        value_format=format_code(cfg.value_format),
+        allow_pickle=cfg.value_format == "pickle",
+        timer_poll_ms=cfg.timer_poll_ms,
+        snapshot_every=cfg.snapshot_every,
+        snapshot_log_bytes=cfg.snapshot_log_mb * 1024 * 1024,
+        keep_snapshots=cfg.keep_snapshots,
+        transfer_process_bytes=int(cfg.transfer_process_mb * 1024 * 1024),
+        snapshot_uploads=cfg.snapshot_uploads,
+        group_owner=cfg.group_owner,
+        owner_idle_seconds=cfg.owner_idle_seconds,
+        policy=cfg.record_policy(),
+        dead_letter=cfg.dead_letter,
+        partitions=partitions,
+    )
+
+
+def group_plan(
+    records: DataFrame,
+    cfg: JobConfig,
+    partitions: int,
+    group_function: Callable[..., Any],
+    columns: tuple[str, ...] = RECORD_COLUMNS,
+) -> DataFrame:
+    """Records (with their `slice`) grouped into the job's slice groups, one per shuffle
+    partition, and `group_function` run per group under `applyInPandasWithState`: the
+    DataFrame of outputs and per-group metrics rows. Only `columns` cross into Python."""
     keys = group_keys(partitions)
-    if records is None:
-        records = (
-            spark.readStream.format("shardless_kinesis").options(**cfg.source_options()).load()
-        )
-        # A new checkpoint's first batch wakes the slices whose timers are pending
-        # (`shardless.processor.driver.timer_source`); the Kinesis source stays the first in the
-        # offset log.
-        # A checkpoint written with the Kinesis source alone (before this source existed)
-        # keeps its one source: Spark refuses a restart with another count, and its group
-        # state holds its pending timers anyway.
-        if layout is None or layout[1] >= 2:
-            wake = spark.readStream.format("shardless_timers").options(
-                table=cfg.location.table, slices=str(cfg.slices)
-            )
-            records = records.unionByName(wake.load())
     group_index = F.floor(F.col("slice") * partitions / cfg.slices).cast("int")
     key_array = F.array(*[F.lit(k) for k in keys])
-    # Only what the runtime reads crosses into Python: every column costs Arrow conversion
-    # and one Python object per row. Columns `as_records` declares fixed stay behind.
-    order = records.schema["stream_order"].metadata if "stream_order" in records.columns else {}
-    fixed = dict(order.get("shardless", {}).get("fixed", {}))
-    if fixed:
-        fixed["sequence_number"] = None  # the string of `stream_order`
-    columns = [c for c in RECORD_COLUMNS if c not in fixed or c in records.columns]
     grouped = records.withWatermark("arrival", f"{cfg.allowed_lateness_ms} milliseconds").select(
         F.element_at(key_array, group_index + 1).alias("group"), *columns
-    )
-    group_function = runner(
-        handlers,
-        RuntimeConfig(
-            location=cfg.location,
-            slices=cfg.slices,
-            local_dir=cfg.local_dir,
-            value_format=format_code(cfg.value_format),
-            allow_pickle=cfg.value_format == "pickle",
-            timer_poll_ms=cfg.timer_poll_ms,
-            snapshot_every=cfg.snapshot_every,
-            snapshot_log_bytes=cfg.snapshot_log_mb * 1024 * 1024,
-            keep_snapshots=cfg.keep_snapshots,
-            transfer_process_bytes=int(cfg.transfer_process_mb * 1024 * 1024),
-            snapshot_uploads=cfg.snapshot_uploads,
-            group_owner=cfg.group_owner,
-            owner_idle_seconds=cfg.owner_idle_seconds,
-            fixed_columns={c: v for c, v in fixed.items() if c not in columns},
-            policy=cfg.record_policy(),
-            dead_letter=cfg.dead_letter,
-            partitions=partitions,
-        ),
     )
     return grouped.groupBy("group").applyInPandasWithState(
         group_function,
@@ -254,6 +190,26 @@ def outputs(
         "Update",
         GroupStateTimeout.ProcessingTimeTimeout,
     )
+
+
+def outputs(spark: SparkSession, handlers: HandlerFactory, cfg: JobConfig) -> DataFrame:
+    """The streaming DataFrame of outputs (and per-group metrics rows, kind='metrics') of
+    the job's Kinesis source. Durable commits go to the application's S3 bucket and
+    DynamoDB table."""
+    partitions, layout = partitions_for(spark, cfg)
+    records = spark.readStream.format("shardless_kinesis").options(**cfg.source_options()).load()
+    # A new checkpoint's first batch wakes the slices whose timers are pending
+    # (`shardless.processor.driver.timer_source`); the Kinesis source stays the first in the
+    # offset log. A checkpoint written with the Kinesis source alone (before this source
+    # existed) keeps its one source: Spark refuses a restart with another count, and its
+    # group state holds its pending timers anyway.
+    if layout is None or layout[1] >= 2:
+        wake = spark.readStream.format("shardless_timers").options(
+            table=cfg.location.table, slices=str(cfg.slices)
+        )
+        records = records.unionByName(wake.load())
+    runner = GroupRunner(handlers, runtime_config(cfg, partitions))
+    return group_plan(records, cfg, partitions, runner)
 
 
 @dataclass

@@ -5,7 +5,6 @@ driver from `JobConfig` and pickled to the executors with the runner."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from shardless.changelog.layout import AppLocation
 from shardless.changelog.transfer_process import TRANSFER_PROCESS_BYTES
@@ -31,10 +30,6 @@ class RuntimeConfig:
     value_format: int = encoding.MSGPACK
     allow_pickle: bool = False
     timer_poll_ms: int = 1000
-    # Record columns Spark does not send, as `shardless.processor.driver.job.as_records` declares
-    # them: the same value for every record, or None for `sequence_number`: the string of
-    # `stream_order`.
-    fixed_columns: dict[str, Any] = field(default_factory=dict)
     # the decoder and what to do with records that cannot be decoded or processed
     policy: RecordPolicy = field(default_factory=RecordPolicy)
     # where records set aside go (`shardless.processor.runtime.dead_letter.target`); None: the

@@ -42,7 +42,7 @@ from shardless.processor.api.handlers import HandlerFactory
 from shardless.processor.runtime.attempt import Attempt, StaleHeads, dumps
 from shardless.processor.runtime.config import Pending, RuntimeConfig
 from shardless.processor.runtime.process import no_cycle_collection, profiled
-from shardless.processor.runtime.records import prepare
+from shardless.processor.runtime.records import GroupInput, prepare
 from shardless.processor.runtime.stores import cache_for
 
 __all__ = ["GroupRunner", "RuntimeConfig", "OUTPUT_SCHEMA", "STATE_SCHEMA"]
@@ -101,6 +101,12 @@ class GroupRunner:
             state.remove()
         yield out
 
+    def events(self, pdf: pd.DataFrame | None) -> GroupInput:
+        """The group's records as events, in slice and stream order (`records.prepare`). A
+        runner fed by another source than Kinesis overrides it to fill in the columns its
+        source does not send."""
+        return prepare(pdf)
+
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_blob"}
 
@@ -157,7 +163,7 @@ class GroupRunner:
         cfg = self.config
         took = dict(timings or {})
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-        data = prepare(pdf, cfg.fixed_columns)
+        data = self.events(pdf)
         took["prepare"] = time.perf_counter() - started
         cache = cache_for(cfg.local_dir, cfg.location.app, cfg.slices)
         durable = DurableState(

@@ -1,6 +1,5 @@
 """A group's records as the handler's events: sorted into slices, in stream order within
-each, with wake-up rows (a new checkpoint's timer wake-ups) set apart. Only the columns
-Spark sent cross into Python; the ones declared fixed are filled in here."""
+each, with wake-up rows (a new checkpoint's timer wake-ups) set apart."""
 
 from __future__ import annotations
 
@@ -36,9 +35,12 @@ class GroupInput:
     woken: frozenset[int] = frozenset()
 
 
-def prepare(pdf: pd.DataFrame | None, fixed: dict[str, Any]) -> GroupInput:
+def prepare(pdf: pd.DataFrame | None, fixed: dict[str, Any] | None = None) -> GroupInput:
     """Sort by (slice, stream_order) and make one Event per record; `arrival` is taken
-    from its column only when a handler reads it. Wake-up rows (no data) are set apart."""
+    from its column only when a handler reads it. Wake-up rows (no data) are set apart.
+    `fixed`: columns the records' source does not send, with their one value (None for
+    `sequence_number`: the string of `stream_order`)."""
+    fixed = fixed or {}
     if pdf is None or not len(pdf):
         return GroupInput(0, [], {})
     wake = pdf["data"].isna().to_numpy()

@@ -1,5 +1,5 @@
-"""The vs-Spark benchmark's workload and the file-fed path of `outputs()`, checked against a
-plain-Python fold of the same records."""
+"""The vs-Spark benchmark's workload and its file-fed path into shardless's group plan
+(`as_records`, `FileFedRunner`), checked against a plain-Python fold of the same records."""
 
 from __future__ import annotations
 
@@ -16,8 +16,13 @@ import pytest
 from bench import chart, vs_spark
 from shardless.processor.api.handlers import HandlerFactory
 from shardless.processor.driver.config import JobConfig
-from shardless.processor.driver.job import as_records, outputs, slice_column
-from shardless.processor.runtime.routing import route
+from shardless.processor.driver.job import (
+    RECORD_COLUMNS,
+    group_plan,
+    partitions_for,
+    runtime_config,
+)
+from shardless.processor.runtime.routing import route, slice_column
 
 
 def test_workload_files_and_expected_counts_match_a_python_fold(tmp_path: Path) -> None:
@@ -64,7 +69,11 @@ def test_file_fed_outputs_count_each_key_in_stream_order(spark, location, tmp_pa
     groups = int(spark.conf.get("spark.sql.shuffle.partitions"))
     cfg = JobConfig(app=location.app, streams=("files",), checkpoint="", slices=16,
                     groups=groups, local_dir=str(tmp_path / "stores"))  # fmt: skip
-    df = outputs(spark, HandlerFactory(emit_count), cfg, as_records(src, 16, "files"))
+    partitions, _ = partitions_for(spark, cfg)
+    runner = vs_spark.FileFedRunner(HandlerFactory(emit_count), runtime_config(cfg, partitions))
+    records = vs_spark.as_records(src, 16)
+    columns = tuple(c for c in RECORD_COLUMNS if c in records.columns)
+    df = group_plan(records, cfg, partitions, runner, columns)
     seen: dict[int, list[tuple[str, int]]] = {}
 
     def collect(batch, batch_id: int) -> None:
