@@ -77,6 +77,25 @@ class AppLocation:
         check_app_name(app)
         return cls(app=app, bucket=f"shardless-{app}", prefix=app, table=f"shardless-{app}")
 
+    @classmethod
+    def of(
+        cls,
+        app: str,
+        bucket: str | None = None,
+        prefix: str | None = None,
+        table: str | None = None,
+    ) -> AppLocation:
+        """The application's location with any of its defaults replaced: the one rule for
+        jobs, tools and the state data source (None or an empty bucket or table: the
+        default; an empty prefix is a prefix, none)."""
+        base = cls.default(app)
+        return cls(
+            app=app,
+            bucket=bucket or base.bucket,
+            prefix=base.prefix if prefix is None else prefix,
+            table=table or base.table,
+        )
+
     def key(self, rest: str) -> str:
         """An object key under the application's prefix."""
         base = self.prefix.strip("/")

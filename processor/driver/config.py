@@ -270,13 +270,7 @@ class JobConfig:
 
     @property
     def location(self) -> AppLocation:
-        base = AppLocation.default(self.app)
-        return AppLocation(
-            app=self.app,
-            bucket=self.bucket or base.bucket,
-            prefix=base.prefix if self.prefix is None else self.prefix,
-            table=self.table or base.table,
-        )
+        return AppLocation.of(self.app, self.bucket, self.prefix, self.table)
 
     def source_options(self) -> dict[str, str]:
         """Options of the `shardless_kinesis` source for this job."""

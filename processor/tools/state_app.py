@@ -22,14 +22,8 @@ class StateBusyError(ProcessorError):
 
 
 def location(args: argparse.Namespace, prefix: str = "") -> AppLocation:
-    app = getattr(args, f"{prefix}app")
-    base = AppLocation.default(app)
-    given = getattr(args, f"{prefix}prefix")
-    return AppLocation(
-        app=app,
-        bucket=getattr(args, f"{prefix}bucket") or base.bucket,
-        prefix=base.prefix if given is None else given,
-        table=getattr(args, f"{prefix}table") or base.table,
+    return AppLocation.of(
+        *(getattr(args, prefix + n) for n in ("app", "bucket", "prefix", "table"))
     )
 
 

@@ -46,13 +46,7 @@ def location(options: dict[str, str]) -> AppLocation:
     app = options.get("app")
     if not app:
         raise ValueError("shardless_state: option 'app' is required (the application's name)")
-    base = AppLocation.default(app)
-    return AppLocation(
-        app=app,
-        bucket=options.get("bucket") or base.bucket,
-        prefix=options.get("prefix", base.prefix),
-        table=options.get("table") or base.table,
-    )
+    return AppLocation.of(app, options.get("bucket"), options.get("prefix"), options.get("table"))
 
 
 class StateReader(DataSourceReader):

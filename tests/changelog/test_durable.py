@@ -552,3 +552,13 @@ def test_a_commit_past_its_deadline_refuses_to_reference_its_uploads(location, m
     assert durable.heads([2]) == {}
     durable.commit("q", 0, 0, [SliceCommit(2, 1, None, [kv(2, "a")])])
     assert durable.heads([2])[2].version == 1
+
+
+def test_an_application_location_has_one_rule_for_its_defaults():
+    """Jobs, tools and the state data source all name a location through AppLocation.of."""
+    base = AppLocation.default("clicks")
+    assert AppLocation.of("clicks") == base
+    assert AppLocation.of("clicks", "", None, "") == base  # empty flags: the defaults
+    assert AppLocation.of("clicks", prefix="").root == ""  # an empty prefix is none
+    mine = AppLocation.of("clicks", "b", "p", "t")
+    assert (mine.bucket, mine.prefix, mine.table) == ("b", "p", "t")
