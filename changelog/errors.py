@@ -6,7 +6,9 @@ class ChangelogError(Exception):
 
 
 class ConfigurationError(ChangelogError):
-    """The durable resources are missing, unreachable or belong to a different setup."""
+    """The configuration is wrong (a flag, a name) or the durable resources it names are
+    missing, unreachable or belong to a different setup. The project's one configuration
+    error class (`shardless.processor.errors.ConfigError` is this class)."""
 
 
 class CorruptObjectError(ChangelogError):
