@@ -163,3 +163,24 @@ def test_tests_mirror_the_tree():
         room = folder.relative_to(tests)
         assert room.parts[0] in own or (ROOT / room).is_dir(), f"tests/{room} mirrors no folder"
         assert (folder / "__init__.py").exists(), f"tests/{room} has no __init__.py"
+
+
+DEV_ONLY = {"moto", "pytest", "hypothesis", "aws_kinesis_agg", "matplotlib"}
+# The moto fixes patch moto itself; nothing else in the product may need a dev package.
+NEEDS_DEV = {"processor/local/moto_server.py"}
+
+
+def test_the_product_imports_no_dev_only_package():
+    import ast
+
+    found = []
+    for top in FOLDERS:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            rel = str(path.relative_to(ROOT))
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    names = [node.module]
+                if any(n.split(".")[0] in DEV_ONLY for n in names) and rel not in NEEDS_DEV:
+                    found.append(f"{rel}:{node.lineno}")
+    assert found == []
