@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import urllib3
+from botocore.client import BaseClient
 
 from shardless.changelog import aws, resources, restore_transfers
 from shardless.changelog.durable import DurableState, SliceCommit
@@ -95,21 +96,33 @@ def counter(event: Event, ctx: Context) -> None:
 
 
 class Requests:
-    """API calls made through the shared clients (`shardless.changelog.aws`), from any thread."""
+    """Every S3 and DynamoDB API call this process makes, through any botocore client (the
+    shared clients of `shardless.changelog.aws` come in several configurations, commits
+    through their own) and from any thread: `BaseClient._make_api_call` is wrapped from
+    construction until `close`."""
 
     def __init__(self) -> None:
         self.calls: Counter[tuple[str, str]] = Counter()
         self._lock = threading.Lock()
-        for service in ("s3", "dynamodb"):
-            events = aws.client(service).meta.events
-            events.register(f"provide-client-params.{service}.*", self._count)
+        self._real = BaseClient._make_api_call
+        real, count = self._real, self._count
 
-    def _count(self, params: dict, model: Any, **_: Any) -> None:
-        name = model.name
+        def counted(client: Any, operation: str, params: dict) -> Any:
+            service = client.meta.service_model.service_name
+            if service in ("s3", "dynamodb"):
+                count(service, operation, params)
+            return real(client, operation, params)
+
+        BaseClient._make_api_call = counted
+
+    def close(self) -> None:
+        BaseClient._make_api_call = self._real
+
+    def _count(self, service: str, name: str, params: dict) -> None:
         if name == "PutObject":  # snapshot objects (SSTs, manifests) vs changelog segments
             name = "PutObject:segment" if "changelog/" in params["Key"] else "PutObject:snapshot"
         with self._lock:
-            self.calls[(model.service_model.service_name, name)] += 1
+            self.calls[(service, name)] += 1
 
     def take(self) -> Counter[tuple[str, str]]:
         """The calls since the last take."""
@@ -656,9 +669,9 @@ def main(argv: list[str] | None = None) -> None:
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="shardless-bench-restore-") as tmp:
         emulators = local_aws.start("kinesalite", log_dir=Path(tmp, "local-aws"))
+        requests = Requests()
         try:
             emulators.apply_env()
-            requests = Requests()
             if "restore" in parts:
                 local = Path(tempfile.mkdtemp(prefix="restore-", dir=args.local_dir or tmp))
                 size = int(slice_mb * 1e6)
@@ -673,6 +686,7 @@ def main(argv: list[str] | None = None) -> None:
             if "requests" in parts:
                 out |= batch_requests(Path(tmp), requests, request_batches, 4)
         finally:
+            requests.close()
             emulators.stop()
     out["config"] = {
         "parts": parts,
