@@ -12,7 +12,7 @@ Reads see this batch's own writes; nothing is durable until the batch commits.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -344,8 +344,7 @@ class Context:
         return self._values.watermark_ms
 
     def _bind(self, key: str, db_key: bytes | None = None) -> None:
-        # `shardless.processor.runtime.slice_runner._run_plain` inlines this: a view added here must
-        # be bound there
+        # `Binding.run_each` inlines this: a view added here must be bound there
         self.key = key
         self.state._bind(key, keys.data_key(key) if db_key is None else db_key)
         self.timers._key = key
@@ -357,3 +356,41 @@ class Context:
     def emit(self, value: Any, key: str | None = None) -> None:
         """Send an output row (JSON-encoded) to the job's sink; `key` defaults to the record's."""
         self._outputs.append((self.key if key is None else key, value))
+
+
+class Binding:
+    """The runtime's hold on a Context, which handlers never see: its clock, its outputs,
+    the key it is bound to, and the per-record loop. It lives beside Context so that only
+    this module writes the views' fields."""
+
+    __slots__ = ("ctx", "outputs")
+
+    def __init__(self, ctx: Context, now_ms: int, watermark_ms: int) -> None:
+        self.ctx = ctx
+        ctx._clock(now_ms, watermark_ms)
+        self.outputs = ctx._outputs
+
+    def bind(self, key: str, db_key: bytes | None = None) -> None:
+        self.ctx._bind(key, db_key)
+
+    def run_each(
+        self,
+        process: Callable[[Event, Context], None],
+        events: Sequence[Event],
+        db_keys: dict[str, bytes],
+        failed: Callable[[Event, Exception], Exception],
+    ) -> None:
+        """`process(event, ctx)` for each event, bound to its key with `Context._bind`
+        inlined (the per-record loop of most jobs, where every Python call shows); a
+        handler's exception is raised as `failed(event, exc)`."""
+        ctx = self.ctx
+        state, timer_view = ctx.state, ctx.timers
+        map_view = state.map
+        try:
+            for event in events:
+                k = event.key
+                ctx.key = state._key = map_view._key = timer_view._key = k
+                state._db_key = db_keys[k]
+                process(event, ctx)
+        except Exception as exc:
+            raise failed(event, exc) from exc

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardless.processor.api.context import Context, Event, Timer
+from shardless.processor.api.context import Binding, Context, Event, Timer
 from shardless.processor.api.decoders import describe
 from shardless.processor.api.handlers import SliceHandler
 from shardless.processor.api.policies import RecordPolicy
@@ -53,8 +53,8 @@ def run_slice(
     handled as the policy says (records set aside are in `dead_letters`)."""
     policy = policy or _DEFAULT
     ctx = Context(slice_id, batch_id, tx, value_format, allow_pickle)
-    ctx._clock(now_ms, watermark_ms)
-    result = SliceResult(outputs=ctx._outputs)
+    binding = Binding(ctx, now_ms, watermark_ms)
+    result = SliceResult(outputs=binding.outputs)
     db_keys = keys.data_keys([e.key for e in events])
     if len(db_keys) > 1:
         tx.prefetch(db_keys.values())
@@ -62,9 +62,11 @@ def run_slice(
     decode = policy.decode
     guarded = policy.guarded
     if decode is None and not guarded:
-        _run_plain(process, ctx, events, db_keys, slice_id, batch_id)
+        binding.run_each(
+            process, events, db_keys, lambda e, exc: _handler_failed(e, slice_id, batch_id, exc)
+        )
     else:
-        bind = ctx._bind
+        bind = binding.bind
         for event in events:
             if decode is not None and not _decoded(
                 event, decode, policy, slice_id, batch_id, result
@@ -78,7 +80,7 @@ def run_slice(
                 process(event, ctx)
             except Exception as exc:
                 raise _handler_failed(event, slice_id, batch_id, exc) from exc
-    result.timers_fired = _fire_timers(handler, tx, ctx, now_ms, watermark_ms)
+    result.timers_fired = _fire_timers(handler, tx, ctx, binding, now_ms, watermark_ms)
     result.expired_purged = ttl.purge(tx, now_ms, watermark_ms, TTL_PURGE_PER_BATCH)
     result.next_processing_timer = timers.next_due(tx, keys.PROCESSING)
     result.next_event_timer = timers.next_due(tx, keys.EVENT)
@@ -86,28 +88,6 @@ def run_slice(
 
 
 _DEFAULT = RecordPolicy()
-
-
-def _run_plain(
-    process: Callable[[Event, Context], None],
-    ctx: Context,
-    events: Sequence[Event],
-    db_keys: dict[str, bytes],
-    slice_id: int,
-    batch_id: int,
-) -> None:
-    """The records of a slice without a decoder or handler retries, with `Context._bind`
-    inlined: the per-record loop of most jobs, where every Python call shows."""
-    state, timer_view = ctx.state, ctx.timers
-    map_view = state.map
-    try:
-        for event in events:
-            k = event.key
-            ctx.key = state._key = map_view._key = timer_view._key = k
-            state._db_key = db_keys[k]
-            process(event, ctx)
-    except Exception as exc:
-        raise _handler_failed(event, slice_id, batch_id, exc) from exc
 
 
 def _handler_failed(event: Event, slice_id: int, batch_id: int, exc: Exception) -> ProcessorError:
@@ -187,7 +167,7 @@ def _guarded(
 ) -> None:
     """Run the handler on one record, undoing a failed attempt's writes and outputs; retry,
     then set aside or fail, as the policy says."""
-    outputs = ctx._outputs
+    outputs = result.outputs
     for attempt in range(1, policy.handler_retries + 2):
         mark, emitted = tx.savepoint(), len(outputs)
         try:
@@ -221,7 +201,12 @@ def _guarded(
 
 
 def _fire_timers(
-    handler: SliceHandler, tx: Transaction, ctx: Context, now_ms: int, watermark_ms: int
+    handler: SliceHandler,
+    tx: Transaction,
+    ctx: Context,
+    binding: Binding,
+    now_ms: int,
+    watermark_ms: int,
 ) -> int:
     """Fire due timers in (time, kind, key) order, including ones that fire due timers set."""
     fired = 0
@@ -238,7 +223,7 @@ def _fire_timers(
         if not due:
             return fired
         for ts, kind, key in sorted(due):
-            ctx._bind(key)
+            binding.bind(key)
             try:
                 handler.on_timer(Timer(key, ts, kind), ctx)
             except Exception as exc:
