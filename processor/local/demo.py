@@ -42,7 +42,7 @@ SLICES = 256
 # Two executors of one core each: one Python worker per executor keeps slices sticky.
 MASTER = os.environ.get("SHARDLESS_DEMO_MASTER", "local-cluster[2,1,1024]")
 WIPED_SLICES = list(range(0, SLICES, 16))
-APP_FILE = Path(__file__).resolve().parents[1] / "examples" / "user_activity.py"
+APP_FILE = Path(__file__).resolve().parents[2] / "examples" / "user_activity.py"
 
 
 def reference_fold(kinesis, stream: str) -> tuple[dict[str, dict], int]:  # noqa: ANN001

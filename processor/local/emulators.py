@@ -141,7 +141,7 @@ def tools_dir() -> Path:
         for folder in (start_dir, *start_dir.parents):
             if (folder / ".tools" / "node_modules").is_dir():
                 return folder / ".tools"
-    return here.parents[1] / ".tools"  # does not exist; named in the "run make setup" error
+    return here.parents[2] / ".tools"  # does not exist; named in the "run make setup" error
 
 
 _KINESALITE_LOOPBACK = """

@@ -184,3 +184,19 @@ def test_the_product_imports_no_dev_only_package():
                 if any(n.split(".")[0] in DEV_ONLY for n in names) and rel not in NEEDS_DEV:
                     found.append(f"{rel}:{node.lineno}")
     assert found == []
+
+
+def test_files_the_code_finds_beside_itself_exist():
+    """Paths built from a module's own place (`Path(__file__).parents[n]`) break silently
+    when the module moves: each must still name what it meant."""
+    from shardless.processor.local import demo
+    from shardless.processor.local.faults import driver
+
+    assert demo.APP_FILE.is_file()
+    assert (driver.REPO / "pyproject.toml").is_file()
+    assert driver._BATCH_LINE.search(
+        'INFO shardless.processor.driver.job: batch {"batch_id": 0}'
+    ), "the batch line the driver logs (its logger is the module's name)"
+    from shardless.processor.driver import job
+
+    assert job.log.name == "shardless.processor.driver.job"

@@ -23,8 +23,8 @@ from typing import Any
 
 from shardless.processor.local.faults import procs
 
-REPO = Path(__file__).resolve().parents[2]
-_BATCH_LINE = re.compile(r"processor\.job: batch (\{.*\})\s*$")
+REPO = Path(__file__).resolve().parents[3]
+_BATCH_LINE = re.compile(r"shardless\.processor\.driver\.job: batch (\{.*\})\s*$")
 
 
 @dataclass
