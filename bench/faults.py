@@ -42,6 +42,7 @@ import boto3
 from shardless.processor.local import emulators as local_aws
 from shardless.processor.local.faults import runner
 from shardless.processor.local.faults.fault_proxy import FaultProxy
+from shardless.processor.local.faults.outcome import Env, Outcome
 from shardless.processor.local.faults.schedule import KILLS, KINDS, Schedule, draw, with_stall
 
 
@@ -70,13 +71,13 @@ def run_harness(
         aws_access_key_id="testing",
         aws_secret_access_key="testing",
     )
-    outcomes: list[runner.Outcome] = []
+    outcomes: list[Outcome] = []
     with (
         _aws_env(aws),
         FaultProxy(aws.s3_endpoint, seed=seed) as storage,
         FaultProxy(aws.kinesis_endpoint, seed=seed + 1) as kinesis_proxy,
     ):
-        env = runner.Env(kinesis, aws.env(), storage, kinesis_proxy, work, keep, stalls)
+        env = Env(kinesis, aws.env(), storage, kinesis_proxy, work, keep, stalls)
         if plans is None:
             plans = [draw(seed, index, operator) for index in range(first, first + schedules)]
             if stalls:
@@ -109,7 +110,7 @@ def _aws_env(aws: local_aws.LocalAws) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def _line(o: runner.Outcome) -> str:
+def _line(o: Outcome) -> str:
     verdict = "DIVERGED" if o.problems else f"INCOMPLETE ({o.incomplete})" if o.incomplete else "ok"
     done = ", ".join(f"{k} x{n}" for k, n in sorted(o.happened.items())) or "none"
     return (
@@ -119,7 +120,7 @@ def _line(o: runner.Outcome) -> str:
 
 
 def summarize(
-    outcomes: list[runner.Outcome], seed: int, seconds: float, stalls: bool = False
+    outcomes: list[Outcome], seed: int, seconds: float, stalls: bool = False
 ) -> dict[str, Any]:
     happened: Counter[str] = Counter()
     broken: Counter[str] = Counter()
@@ -166,7 +167,7 @@ def summarize(
     }
 
 
-def restore_figures(outcomes: list[runner.Outcome]) -> dict[str, Any]:
+def restore_figures(outcomes: list[Outcome]) -> dict[str, Any]:
     """Restores from the batch reports: all batches that restored a slice with state, and
     those among the first two batches reported after an executor kill (by the same driver
     or, when the batch failed and the driver was restarted, the next one): the killed
@@ -177,7 +178,7 @@ def restore_figures(outcomes: list[runner.Outcome]) -> dict[str, Any]:
     return {"all": _figures(every), "after_executor_kill": _figures(after_kill)}
 
 
-def after_executor_kill(o: runner.Outcome) -> list[dict]:
+def after_executor_kill(o: Outcome) -> list[dict]:
     """The batch reports with restores among the first two reported after each executor
     kill of a schedule."""
     reports = o.reports

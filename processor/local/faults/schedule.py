@@ -236,7 +236,7 @@ def with_stall(schedule: Schedule) -> Schedule:
     """`schedule` plus an executor stall (drawn apart: the rest of the plan is unchanged).
 
     The executor's JVM and its Python processes are stopped (SIGSTOP). The JVM stays
-    stopped longer than Spark's network timeout (`runner.STALL_ARGS`, 10 s): the driver
+    stopped longer than Spark's network timeout (`job.STALL_ARGS`, 10 s): the driver
     declares the executor lost, runs its tasks again on the other executor and has the
     stalled JVM killed. The Python processes resume (SIGCONT) after 8 to 16 s, around the
     time the new attempts start: a worker that had all of a group's input goes on as a
