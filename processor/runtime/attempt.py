@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from shardless.changelog import fence
 from shardless.changelog.durable import DurableState, HeadConflictError, SliceCommit
 from shardless.changelog.layout import Head, SnapRef, new_uid, snapshot_due
 from shardless.changelog.snapshot import snapshot_pool, upload_checkpoint
@@ -210,7 +211,18 @@ class Attempt:
         self._lap("snapshot_wait")
 
     def commit_durably(self) -> None:
-        """One segment to S3, then the heads in DynamoDB, conditional on the heads read."""
+        """One segment to S3, then the heads in DynamoDB, conditional on the heads read.
+
+        A group with nothing to commit sends no transaction, so no fence check goes with
+        it; when it read heads another query wrote, it asks the fence item itself: a
+        query that was taken over must not release outputs computed on the new query's
+        state either."""
+        if not self.commits and any(
+            h is not None and h.query != self.query for h in self.heads.values()
+        ):
+            loc = self.cfg.location
+            if self.query in fence.fenced(loc):
+                raise fence.fenced_error(loc, self.query, f"group {self.group} batch {self.batch}")
         try:
             self.done = self.durable.commit(
                 self.query, self.batch, self.group, self.commits,

@@ -95,6 +95,11 @@ def test_the_oracle_catches_an_unconditional_commit(aws, monkeypatch):
         # kept its commits: the next start read those records again
         (5, 9, [["start", 3], ["run", 0, 2, 1], ["run", 0, 1, 0], ["run", 0, 0, 1],
                 ["record", 0], ["rollback_unrecorded", 0], ["start", 4], ["run", 1, 1, 1]]),
+        # a taken-over query re-ran a group that had nothing to commit (no transaction, so
+        # no fence check) on the new query's heads, and released other outputs
+        (11, 508, [["start", 3], ["run", 0, 0, 1], ["run", 0, 1, 1], ["run", 0, 2, 1],
+                   ["record", 0], ["start", 4], ["run", 1, 1, 2], ["start", 3],
+                   ["run", 2, 0, 1], ["move", 1, 2], ["run", 1, 1, 2]]),
     ],
 )  # fmt: skip
 def test_the_violations_bench_protocol_found_replay_clean(aws, seed, run, steps):
