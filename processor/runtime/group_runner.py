@@ -41,6 +41,8 @@ from shardless.changelog.durable import DurableState
 from shardless.processor.api.handlers import HandlerFactory
 from shardless.processor.runtime.attempt import Attempt, StaleHeads, dumps
 from shardless.processor.runtime.config import Pending, RuntimeConfig
+from shardless.processor.runtime.owner import BatchCall
+from shardless.processor.runtime.owner import call as owner_call
 from shardless.processor.runtime.process import no_cycle_collection, profiled
 from shardless.processor.runtime.records import GroupInput, prepare
 from shardless.processor.runtime.stores import cache_for
@@ -83,13 +85,9 @@ class GroupRunner:
             watermark_ms = int(state.getCurrentWatermarkMs())
         except Exception:  # noqa: BLE001 - no watermark defined on this query
             watermark_ms = -1
-        group = int(key[0])
-        if self.config.group_owner == "process":
-            out, pending = self._in_owner(
-                group, query, batch, pdf, pending, now_ms, watermark_ms, took
-            )
-        else:
-            out, pending = self._here(group, query, batch, pdf, pending, now_ms, watermark_ms, took)
+        call = BatchCall(int(key[0]), query, batch, pdf, pending, now_ms, watermark_ms, took)
+        run = self._in_owner if self.config.group_owner == "process" else self._here
+        out, pending = run(call)
         if pending:
             state.update((dumps({str(s): v for s, v in pending.items()}),))
             nexts = [p for p, _ in pending.values() if p is not None]
@@ -110,42 +108,22 @@ class GroupRunner:
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_blob"}
 
-    def _in_owner(
-        self,
-        group: int,
-        query: str,
-        batch: int,
-        pdf: pd.DataFrame | None,
-        pending: Pending,
-        now_ms: int,
-        watermark_ms: int,
-        took: dict[str, float],
-    ) -> tuple[pd.DataFrame, Pending]:
+    def _in_owner(self, call: BatchCall) -> tuple[pd.DataFrame, Pending]:
         """Run the batch in the group's owner process on this host
         (`shardless.processor.runtime.owner`)."""
         from pyspark import cloudpickle
 
-        from shardless.processor.runtime import owner
-
         blob = self.__dict__.get("_blob")
         if blob is None:
             blob = self._blob = cloudpickle.dumps(self)
-        batch_call = owner.BatchCall(group, query, batch, pdf, pending, now_ms, watermark_ms, took)
-        return owner.call(self, blob, batch_call)
+        return owner_call(self, blob, call)
 
-    def _here(
-        self,
-        group: int,
-        query: str,
-        batch: int,
-        pdf: pd.DataFrame | None,
-        pending: Pending,
-        now_ms: int,
-        watermark_ms: int,
-        took: dict[str, float],
-    ) -> tuple[pd.DataFrame, Pending]:
-        with profiled(group, batch), no_cycle_collection():
-            return self.run(group, query, batch, pdf, pending, now_ms, watermark_ms, took)
+    def _here(self, call: BatchCall) -> tuple[pd.DataFrame, Pending]:
+        with profiled(call.group, call.batch), no_cycle_collection():
+            return self.run(
+                call.group, call.query, call.batch, call.pdf, call.pending, call.now_ms,
+                call.watermark_ms, call.timings,
+            )  # fmt: skip
 
     def run(
         self,
