@@ -16,6 +16,11 @@ from, so a head that is stale anyway (a zombie, a speculative attempt, a tool) c
 conflict and a run with heads read afresh, never a wrong commit. Committed segments are
 kept on the host too (`<base>/<app>/segments/`): catching up a slice that another worker
 of the host moved on reads local files, not S3.
+
+Open stores cost file descriptors (a RocksDB store holds six and one per SST file), so a worker that
+runs many slices (4,096 slices on a few cores) keeps at most `open_store_limit()` open and
+closes the least recently used between batches; a closed store stays on disk and reopens
+in milliseconds.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import contextlib
 import json
 import logging
 import os
+import resource
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -41,17 +47,30 @@ from shardless.state.store import SliceStore
 
 log = logging.getLogger(__name__)
 
+FDS_PER_STORE = 12  # a store's directory, WAL, MANIFEST, LOCK, info LOG and SST files
+FDS_KEPT_FREE = 512  # for sockets, the transfer process's pipes, Spark's own files
+
+
+def open_store_limit() -> int:
+    """How many stores this process may keep open: what its file descriptor limit leaves
+    after FDS_KEPT_FREE, at FDS_PER_STORE each (at least 16)."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 20
+    return max(16, (soft - FDS_KEPT_FREE) // FDS_PER_STORE)
+
 
 class StoreCache:
     """Open stores of this process, by slice."""
 
-    def __init__(self, base: Path, app: str, slices: int) -> None:
+    def __init__(self, base: Path, app: str, slices: int, max_open: int | None = None) -> None:
         self.root = Path(base) / app
         self.app = app
         self.slices = slices
         self.pid = os.getpid()
         self.own = self.root / f"w{self.pid}"
-        self._open: dict[int, SliceStore] = {}
+        self._open: dict[int, SliceStore] = {}  # least recently used first
+        self.max_open = max_open or open_store_limit()
         self._epochs: dict[int, int] = {}
         # slice -> (its head, and the query and batch after which it was current)
         self._heads: dict[int, tuple[Head | None, str, int]] = {}
@@ -82,6 +101,22 @@ class StoreCache:
                 log.info("slice %s: adopted the store of dead worker %s", slice_id, pid)
                 return True
         return False
+
+    def _make_room(self, wanted: Iterable[int]) -> None:
+        """Close the least recently used open stores not in `wanted` until `wanted` fits
+        under `max_open` (their files stay; the next use reopens them)."""
+        keep = set(wanted)
+        excess = len(self._open.keys() | keep) - self.max_open
+        for s in [s for s in self._open if s not in keep][: max(0, excess)]:
+            self._open.pop(s).close()
+        if excess > 0:
+            log.info("closed %s idle stores (at most %s open)", excess, self.max_open)
+
+    def _used(self, slices: Iterable[int]) -> None:
+        """Mark `slices` the most recently used."""
+        for s in slices:
+            if s in self._open:
+                self._open[s] = self._open.pop(s)
 
     def _open_store(self, slice_id: int) -> SliceStore:
         path = self._path(slice_id)
@@ -256,6 +291,7 @@ class StoreCache:
 
         Unless this process `owned` the slice since its last commit, a local store is used
         only if it holds the committed version: checked by the tag of its last commit."""
+        self._make_room([slice_id])
         job = self._job(slice_id, head, target, owned)
         if job is None:
             return self._open[slice_id], None
@@ -276,6 +312,7 @@ class StoreCache:
         on the transfer pool, the stores opened once the transfers are done). A slice that
         fails is left with no store and no directory, the others restored; then the first
         failure, in the order of `wanted`, is raised."""
+        self._make_room(s for s, _, _ in wanted)
         owned = {s for s, h, _ in wanted if self.owns(s, h)}
         ready = {s for s, _, v in wanted if s in owned and self._ready(s, v) is not None}
         heads = {s: h for s, h, _ in wanted}
@@ -320,6 +357,7 @@ class StoreCache:
         for s, _, _v in wanted:
             if s in errors:
                 raise errors[s]
+        self._used(heads)
         return {s: (self._open[s], heads[s], found.get(s)) for s, _, _v in wanted}
 
 
