@@ -17,10 +17,10 @@ conflict and a run with heads read afresh, never a wrong commit. Committed segme
 kept on the host too (`<base>/<app>/segments/`): catching up a slice that another worker
 of the host moved on reads local files, not S3.
 
-Open stores cost file descriptors (a RocksDB store holds six and one per SST file), so a worker that
-runs many slices (4,096 slices on a few cores) keeps at most `open_store_limit()` open and
-closes the least recently used between batches; a closed store stays on disk and reopens
-in milliseconds.
+Open stores cost file descriptors (a RocksDB store holds six, and one per SST file), so a
+process that runs many slices (4,096 slices on a few cores) keeps at most
+`open_store_limit()` open across its caches and closes the least recently used between
+batches; a closed store stays on disk and reopens in milliseconds.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import logging
 import os
 import resource
 import uuid
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -49,6 +50,10 @@ log = logging.getLogger(__name__)
 
 FDS_PER_STORE = 12  # a store's directory, WAL, MANIFEST, LOCK, info LOG and SST files
 FDS_KEPT_FREE = 512  # for sockets, the transfer process's pipes, Spark's own files
+
+
+# every cache of the process: the store limit counts the descriptors of all of them
+_live: weakref.WeakSet[StoreCache] = weakref.WeakSet()
 
 
 def open_store_limit() -> int:
@@ -71,6 +76,7 @@ class StoreCache:
         self.own = self.root / f"w{self.pid}"
         self._open: dict[int, SliceStore] = {}  # least recently used first
         self.max_open = max_open or open_store_limit()
+        _live.add(self)
         self._epochs: dict[int, int] = {}
         # slice -> (its head, and the query and batch after which it was current)
         self._heads: dict[int, tuple[Head | None, str, int]] = {}
@@ -103,14 +109,22 @@ class StoreCache:
         return False
 
     def _make_room(self, wanted: Iterable[int]) -> None:
-        """Close the least recently used open stores not in `wanted` until `wanted` fits
-        under `max_open` (their files stay; the next use reopens them)."""
+        """Close least recently used open stores, this cache's first, then other caches' of
+        the process, until `wanted` fits under `max_open` stores open in the process (their
+        files stay; the next use reopens them). Stores in `wanted` stay open."""
         keep = set(wanted)
-        excess = len(self._open.keys() | keep) - self.max_open
-        for s in [s for s in self._open if s not in keep][: max(0, excess)]:
-            self._open.pop(s).close()
-        if excess > 0:
-            log.info("closed %s idle stores (at most %s open)", excess, self.max_open)
+        others = [c for c in _live if c is not self]
+        excess = len(self._open.keys() | keep) + sum(len(c._open) for c in others)
+        excess -= self.max_open
+        closed = 0
+        for cache in [self, *others]:
+            for s in [s for s in cache._open if cache is not self or s not in keep]:
+                if closed >= excess:
+                    break
+                cache._open.pop(s).close()
+                closed += 1
+        if closed:
+            log.info("closed %s idle stores (at most %s open)", closed, self.max_open)
 
     def _used(self, slices: Iterable[int]) -> None:
         """Mark `slices` the most recently used."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 import resource
 from collections import Counter
 
+from shardless.changelog import resources
+from shardless.changelog.layout import AppLocation
 from shardless.processor.runtime import stores
 from shardless.processor.runtime.routing import route
 from shardless.processor.runtime.stores import cache_for
@@ -73,3 +75,20 @@ def test_without_a_limit_reached_no_store_is_closed(location, tmp_path):
     r.run(1, "q", 0, frame(halves[1], 400))
     cache = cache_for(str(tmp_path), location.app, SLICES)
     assert set(cache._open) == {route(k, None, SLICES) for k in KEYS}
+
+
+def test_the_limit_counts_the_stores_of_every_cache_in_the_process(location, tmp_path, monkeypatch):
+    monkeypatch.setattr(stores, "open_store_limit", lambda: 4)
+    other = AppLocation.default(f"{location.app}-b")
+    resources.ensure(other, SLICES)
+    a, b = runner(location, tmp_path / "a"), runner(other, tmp_path / "b")
+    a.run(0, "q", 0, frame(halves[0]))
+    first = cache_for(str(tmp_path / "a"), location.app, SLICES)
+    assert len(first._open) > 4  # one batch's stores all stay open
+    b.run(0, "q", 0, frame(halves[1][:3]))
+    second = cache_for(str(tmp_path / "b"), other.app, SLICES)
+    assert len(first._open) + len(second._open) == 4
+    assert open_files_under(tmp_path / "a") <= len(first._open) * stores.FDS_PER_STORE
+    out = a.run(0, "q", 1, frame(halves[0], 400))  # reopened from disk, exact
+    assert [r for r in metrics_of(out)["restores"] if r["to_version"] > 0] == []
+    assert durable_counts(location) == {k: 2 * n for k, n in Counter(halves[0]).items()}
