@@ -10,8 +10,10 @@
    before each restore: a new worker pays for starting it.
 2. Restore time of 16 slices after a short and a long history of small batches driven
    through `GroupRunner.run` (snapshots every 32 versions, as in production).
-3. S3 and DynamoDB requests per batch for 256 slices in 8 groups, counted with botocore
-   event hooks on the shared clients, and the requests of a batch with nothing to do.
+3. What a batch costs (`bench.batch_cost`): every S3 and DynamoDB call counted by type
+   with DynamoDB's billed units from the real request sizes, at 256 and 4,096 slices in 8
+   groups, every slice changed and 10 % of them; dollars a month at 1 s and 10 s
+   triggers; and the requests of a batch with nothing to do.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import shutil
 import signal
@@ -28,11 +29,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from importlib.metadata import version
 from itertools import pairwise
@@ -41,23 +39,22 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import urllib3
-from botocore.client import BaseClient
 
-from shardless.changelog import aws, resources, restore_transfers
+from bench import billing
+from bench.batch_cost import batch_cost, cost_table, counter, keys_by_slice, new_app
+from bench.billing import Requests
+from shardless.changelog import aws, restore_transfers
 from shardless.changelog.durable import DurableState, SliceCommit
-from shardless.changelog.layout import AppLocation, Head, encode_log, encode_snaps, plan_restore
+from shardless.changelog.layout import AppLocation, Head, plan_restore
 from shardless.changelog.manifest import decode_manifest, manifests
 from shardless.changelog.objects import FILE_THREADS
 from shardless.changelog.restore import identity
 from shardless.changelog.snapshot import write_snapshot
 from shardless.changelog.transfer_process import TRANSFER_PROCESS_BYTES, transfer_process
-from shardless.processor.api.context import Context, Event
 from shardless.processor.api.handlers import HandlerFactory
 from shardless.processor.local import emulators as local_aws
 from shardless.processor.runtime.group_runner import GroupRunner, RuntimeConfig
 from shardless.processor.runtime.grouping import group_slices
-from shardless.processor.runtime.routing import route
 from shardless.processor.runtime.stores import StoreCache
 from shardless.state import encoding, keys
 from shardless.state.store import SliceStore
@@ -71,102 +68,22 @@ PARTS = ["restore", "history", "requests"]
 QUERY = "bench-query"
 NOW_MS = 1_700_000_000_000
 ARRIVAL = datetime.fromtimestamp(NOW_MS / 1000, tz=UTC)
-DDB_WRITES = {"PutItem", "UpdateItem", "TransactWriteItems", "BatchWriteItem", "DeleteItem"}
+LARGE_SLICES = 4096
+TOUCHED_SOME = 0.1
 GOALS = {
     "restore_vs_download": 0.7,
     "restore_ratio_long_vs_short": 1.5,
     "s3_puts_per_batch": 8,
     "dynamodb_writes_per_batch": 8,
+    "dynamodb_write_units_per_batch": 32,
+    "s3_puts_per_batch_with_snapshots": 16,
     "idle_batch_requests": 0,
 }
-AT_MOST = {
-    "restore_ratio_long_vs_short",
-    "s3_puts_per_batch",
-    "dynamodb_writes_per_batch",
-    "idle_batch_requests",
-}
+AT_MOST = set(GOALS) - {"restore_vs_download"}
 
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def counter(event: Event, ctx: Context) -> None:
-    ctx.state.set(ctx.state.get(0) + 1)
-
-
-class Requests:
-    """Every S3 and DynamoDB API call this process makes, through any botocore client (the
-    shared clients of `shardless.changelog.aws` come in several configurations, commits
-    through their own) and from any thread: `BaseClient._make_api_call` is wrapped from
-    construction until `close`."""
-
-    def __init__(self) -> None:
-        self.calls: Counter[tuple[str, str]] = Counter()
-        self._lock = threading.Lock()
-        self._real = BaseClient._make_api_call
-        real, count = self._real, self._count
-
-        def counted(client: Any, operation: str, params: dict) -> Any:
-            service = client.meta.service_model.service_name
-            if service in ("s3", "dynamodb"):
-                count(service, operation, params)
-            return real(client, operation, params)
-
-        BaseClient._make_api_call = counted
-
-    def close(self) -> None:
-        BaseClient._make_api_call = self._real
-
-    def _count(self, service: str, name: str, params: dict) -> None:
-        if name == "PutObject":  # snapshot objects (SSTs, manifests) vs changelog segments
-            name = "PutObject:segment" if "changelog/" in params["Key"] else "PutObject:snapshot"
-        with self._lock:
-            self.calls[(service, name)] += 1
-
-    def take(self) -> Counter[tuple[str, str]]:
-        """The calls since the last take."""
-        with self._lock:
-            out, self.calls = self.calls, Counter()
-        return out
-
-
-@contextmanager
-def http_requests() -> Iterator[list[int]]:
-    """Every HTTP request this process sends through urllib3 (any client, any service)."""
-    seen = [0]
-    pool = urllib3.connectionpool.HTTPConnectionPool
-    original = pool.urlopen
-
-    def urlopen(self: Any, *args: Any, **kwargs: Any) -> Any:
-        seen[0] += 1
-        return original(self, *args, **kwargs)
-
-    pool.urlopen = urlopen
-    try:
-        yield seen
-    finally:
-        pool.urlopen = original
-
-
-def new_app(name: str, slices: int) -> AppLocation:
-    loc = AppLocation.default(f"bench-{name}-{int(time.time() * 1000) % 10**8}")
-    resources.ensure(loc, slices)
-    return loc
-
-
-def keys_by_slice(slices: int, per_slice: int, prefix: str) -> list[list[str]]:
-    """`per_slice` record keys routed to each slice, as production routes them."""
-    out: list[list[str]] = [[] for _ in range(slices)]
-    short, i = slices, 0
-    while short:
-        key = f"{prefix}{i}"
-        i += 1
-        found = out[route(key, None, slices)]
-        if len(found) < per_slice:
-            found.append(key)
-            short -= len(found) == per_slice
-    return out
 
 
 def frame(records: list[tuple[str, int]], first_seq: int) -> pd.DataFrame:
@@ -536,87 +453,38 @@ def history_restore(
     return out
 
 
-# 3. Requests per batch ----------------------------------------------------------------------
+# 3. Requests and their cost per batch ------------------------------------------------------
 
 
-def summary(values: list[float]) -> dict[str, float]:
-    return {"mean": statistics.fmean(values), "max": max(values), "min": min(values)}
-
-
-def batch_requests(tmp: Path, requests: Requests, batches: int, per_slice: int) -> dict[str, Any]:
-    loc = new_app("requests", SLICES)
-    runner = GroupRunner(HandlerFactory(counter), RuntimeConfig(loc, SLICES, str(tmp / "req")))
-    by_slice = keys_by_slice(SLICES, per_slice, "req-")
-    groups = [
-        [(k, s) for s in group_slices(g, SLICES, GROUPS) for k in by_slice[s]]
-        for g in range(GROUPS)
+def requests_part(tmp: Path, requests: Requests, batches: int, batches_large: int) -> dict:
+    """The calls and billed units of a batch at 256 and 4,096 slices in 8 groups, every
+    slice touched and 10 % of them; the 256-slice, every-slice figures at the top."""
+    runs = [
+        batch_cost(tmp / f"cost-{n}-{t}", requests, frame, n, GROUPS, b, touched=t)
+        for n, b in ((SLICES, batches), (LARGE_SLICES, batches_large))
+        for t in (1.0, TOUCHED_SOME)
     ]
-    pending: list[dict] = [{} for _ in range(GROUPS)]
-    per_batch, seconds = [], []
-    seq = 0
-    requests.take()
-    for b in range(batches):
-        started = time.perf_counter()
-        for g, rows in enumerate(groups):
-            pdf = frame(rows, seq)
-            seq += len(rows)
-            _, pending[g] = runner.run(g, QUERY, b, pdf, pending[g], NOW_MS + 1_000 * b)
-        seconds.append(time.perf_counter() - started)
-        per_batch.append(requests.take())
-    assert all(not p for p in pending), "the counter handler set no timers"
-    with http_requests() as http:
-        started = time.perf_counter()
-        for g in range(GROUPS):
-            runner.run(g, QUERY, batches, None, {}, NOW_MS + 1_000 * batches)
-        idle_ms = (time.perf_counter() - started) * 1000
-    idle = requests.take()
-    heads = DurableState(loc).heads(list(range(SLICES))).values()
-    # a head's size is mostly its log and snapshot list; the rest is ~100 bytes
-    head_kb = [(len(encode_log(h.log)) + len(encode_snaps(h.snaps)) + 100) / 1024 for h in heads]
-
-    def of(calls: Counter, service: str, names: set[str] | None = None) -> int:
-        return sum(
-            n for (svc, op), n in calls.items() if svc == service and (names is None or op in names)
-        )
-
-    steady = per_batch[1:]
-    segment_puts = [c[("s3", "PutObject:segment")] for c in steady]
-    snapshot_puts = [c[("s3", "PutObject:snapshot")] for c in steady]
-    ddb_writes = [of(c, "dynamodb", DDB_WRITES) for c in steady]
-    quiet = [c for c in steady if not c[("s3", "PutObject:snapshot")]]
-    first = per_batch[0]
-    return {
-        "s3_puts_per_batch": max(segment_puts),
-        "dynamodb_writes_per_batch": max(ddb_writes),
-        "s3_puts_per_batch_with_snapshots": statistics.fmean(
-            s + p for s, p in zip(segment_puts, snapshot_puts, strict=True)
-        ),
-        "s3_snapshot_puts_per_batch": statistics.fmean(snapshot_puts),
-        "batches_without_snapshots": len(quiet),
-        "s3_puts_per_batch_without_snapshots": (
-            max(c[("s3", "PutObject:segment")] for c in quiet) if quiet else None
-        ),
-        "dynamodb_reads_per_batch": summary(
-            [of(c, "dynamodb") - w for c, w in zip(steady, ddb_writes, strict=True)]
-        ),
-        "s3_gets_per_batch": summary([of(c, "s3", {"GetObject"}) for c in steady]),
-        "first_batch_requests": {f"{svc}.{op}": n for (svc, op), n in sorted(first.items())},
-        "steady_batch_requests": {
-            f"{svc}.{op}": round(n / len(steady), 2)
-            for (svc, op), n in sorted(sum(steady, Counter()).items())
+    top = {k: v for k, v in runs[0].items() if k not in ("slices", "groups", "touched", "batches")}
+    return top | {
+        f"at_{LARGE_SLICES}_slices": {
+            k: v for k, v in runs[2].items() if not isinstance(v, dict) or k == "dollars_per_month"
         },
-        "head_item_kb": summary(head_kb),
-        "head_log_entries": summary([len(h.log) for h in heads]),
-        # a transactional write costs 2 write units per started KB of the item
-        "dynamodb_write_units_per_batch_estimate": sum(2 * math.ceil(kb) for kb in head_kb),
-        "idle_batch_requests": max(http[0], sum(idle.values())),
-        "idle_batch_ms": idle_ms,
-        "request_batch_seconds": summary(seconds[1:]),
+        "cost_runs": [
+            {
+                k: v
+                for k, v in r.items()
+                if not k.endswith("_requests") or k == "idle_batch_requests"
+            }
+            for r in runs
+        ],
+        "cost_table": cost_table(runs),
+        "prices": asdict(billing.PRICES),
         "_requests_config": {
-            "slices": SLICES,
+            "slices": [SLICES, LARGE_SLICES],
             "groups": GROUPS,
-            "batches": batches,
-            "records_per_slice_per_batch": per_slice,
+            "batches": [batches, batches_large],
+            "touched": [1.0, TOUCHED_SOME],
+            "records_per_slice_per_batch": 4,
             "snapshot_every": RuntimeConfig.snapshot_every,
         },
     }
@@ -654,6 +522,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keys-per-slice", type=int, default=20_000)
     parser.add_argument("--updates-per-slice", type=int, default=4, help="per history batch")
     parser.add_argument("--request-batches", type=int, help="(default 100, quick 17)")
+    parser.add_argument(
+        "--request-batches-large",
+        type=int,
+        help=f"at {LARGE_SLICES} slices (default 40, quick 6)",
+    )
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--local-dir", help="where the large restore writes (default: temp)")
     parser.add_argument("--only", choices=PARTS, action="append", help="run only these parts")
@@ -662,6 +535,7 @@ def main(argv: list[str] | None = None) -> None:
     slice_mb = args.slice_mb or (0.4 if args.quick else 4.0)
     batches = args.batches or (200 if args.quick else 1000)
     request_batches = args.request_batches or (17 if args.quick else 100)
+    large_batches = args.request_batches_large or (6 if args.quick else 40)
     reps = args.reps or (3 if args.quick else 7)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the emulators on a kill
@@ -684,7 +558,7 @@ def main(argv: list[str] | None = None) -> None:
                     Path(tmp), batches, args.keys_per_slice, args.updates_per_slice, reps
                 )
             if "requests" in parts:
-                out |= batch_requests(Path(tmp), requests, request_batches, 4)
+                out |= requests_part(Path(tmp), requests, request_batches, large_batches)
         finally:
             requests.close()
             emulators.stop()

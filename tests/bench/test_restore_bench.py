@@ -1,29 +1,43 @@
-"""bench.restore's request counting sees every S3 and DynamoDB call a batch makes, commits
-included (they go through a client of their own)."""
+"""bench.restore's cost counting sees every S3 and DynamoDB call a batch makes, commits
+included (they go through a client of their own), and bills them from their real sizes."""
 
 from __future__ import annotations
 
-from bench import restore
+from bench import batch_cost, billing, restore
 
 
-def test_every_commit_of_a_batch_is_counted(aws, tmp_path):  # noqa: ANN001
-    requests = restore.Requests()
+def test_every_commit_of_a_batch_is_counted_and_billed(aws, tmp_path):  # noqa: ANN001
+    requests = billing.Requests()
     try:
-        out = restore.batch_requests(tmp_path, requests, batches=3, per_slice=1)
+        out = batch_cost.batch_cost(tmp_path, requests, restore.frame, 256, 8, batches=3)
     finally:
         requests.close()
-    # 256 slices in 8 groups, every slice changed: each group commits its 32 heads in one
-    # transaction and its changes in one segment
+    # 256 slices in 8 groups, every slice changed: each group commits its 32 heads and its
+    # fence check in one transaction, and its changes in one segment
     steady = out["steady_batch_requests"]
-    assert steady["dynamodb.TransactWriteItems"] == restore.GROUPS
-    assert out["dynamodb_writes_per_batch"] == restore.GROUPS
-    assert out["s3_puts_per_batch"] == restore.GROUPS == steady["s3.PutObject:segment"]
+    assert steady["dynamodb.TransactWriteItems"] == 8 == out["dynamodb_writes_per_batch"]
+    assert out["s3_puts_per_batch"] == 8 == steady["s3.PutObject:segment"]
+    # each head is a transactional write of at least 2 units; each fence check 2 read units
+    assert out["dynamodb_write_units_per_batch"] >= 2 * 256
+    assert out["dynamodb_read_units_per_batch"] == 2 * 8
+    assert out["idle_batch_requests"] == 0 and out["idle_batch_units"] == 0
+    month = out["dollars_per_month"]["trigger_1s"]
+    assert month["total"] == month["dynamodb"] + month["s3"] > 0
+
+
+def test_a_tenth_of_the_slices_costs_a_tenth_of_the_heads(aws, tmp_path):  # noqa: ANN001
+    requests = billing.Requests()
+    try:
+        out = batch_cost.batch_cost(tmp_path, requests, restore.frame, 256, 8, 3, touched=0.1)
+    finally:
+        requests.close()
+    assert 2 * 26 <= out["dynamodb_write_units_per_batch"] < 2 * 256
 
 
 def test_counting_stops_at_close(aws):  # noqa: ANN001
     from shardless.changelog import aws as clients
 
-    requests = restore.Requests()
+    requests = billing.Requests()
     requests.close()
     clients.client("dynamodb").list_tables()
-    assert requests.take() == {}
+    assert requests.take() == ({}, {})
