@@ -13,7 +13,7 @@ from typing import Protocol
 
 from shardless.changelog.layout import AppLocation
 from shardless.changelog.manifest import Manifest, SstFile, check_names
-from shardless.changelog.objects import OnBytes, _ignore, file_pool, get_bytes
+from shardless.changelog.objects import OnBytes, file_pool, get_bytes, no_progress
 from shardless.changelog.sst import download_sst
 
 
@@ -45,7 +45,7 @@ def fetch_files(
     loc: AppLocation,
     m: Manifest,
     dest: Path,
-    on_bytes: OnBytes = _ignore,
+    on_bytes: OnBytes = no_progress,
     transfers: Transfers = IN_PROCESS,
 ) -> list[Future[int]]:
     """Start materialising the snapshot into `dest` (created): its SST objects downloaded
@@ -86,7 +86,7 @@ def needed_on_open(name: str) -> bool:
     return not (name.startswith("OPTIONS-") or name == "rocksdict-config.json")
 
 
-def write_inline(m: Manifest, dest: Path, on_bytes: OnBytes = _ignore) -> int:
+def write_inline(m: Manifest, dest: Path, on_bytes: OnBytes = no_progress) -> int:
     """Write the manifest's small files that the open needs (CURRENT, MANIFEST-*; not the
     ones `needed_on_open` leaves out) into `dest`, and the IDENTITY file its MANIFEST
     implies (not counted: it was not fetched)."""
@@ -119,7 +119,7 @@ def settle(futures: list[Future[int]]) -> int:
 
 
 def download_snapshot(
-    loc: AppLocation, m: Manifest, dest: Path, on_bytes: OnBytes = _ignore
+    loc: AppLocation, m: Manifest, dest: Path, on_bytes: OnBytes = no_progress
 ) -> int:
     """Materialise the snapshot into the empty directory `dest`; return the bytes fetched."""
     return settle(fetch_files(loc, m, dest, on_bytes))

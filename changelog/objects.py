@@ -19,18 +19,18 @@ FILE_THREADS = 16
 OnBytes = Callable[[int], None]
 
 
-def _ignore(n: int) -> None:
+def no_progress(n: int) -> None:
     pass
 
 
-_pool_lock = threading.Lock()
+pool_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 
 
 def file_pool() -> ThreadPoolExecutor:
     """The process's pool for object transfers (separate from per-slice restore threads)."""
     global _pool
-    with _pool_lock:
+    with pool_lock:
         if _pool is None:
             _pool = ThreadPoolExecutor(FILE_THREADS, thread_name_prefix="shardless-io")
         return _pool

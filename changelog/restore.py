@@ -46,9 +46,15 @@ from shardless.changelog.restore_jobs import (
     RestoreJob,
     RestoreOutcome,
     RestoreStats,
-    _Work,
+    RestoreWork,
 )
-from shardless.changelog.restore_transfers import _clean, _Direct, _guard, _Snapshots, _Tails
+from shardless.changelog.restore_transfers import (
+    DirectSections,
+    SnapshotTransfers,
+    TailSections,
+    clean_up,
+    guarded,
+)
 from shardless.changelog.transfer_process import in_helper, transfer_process
 from shardless.state.errors import CorruptStoreError
 from shardless.state.store import SliceStore
@@ -130,7 +136,7 @@ def restore_many(
     was unusable go round again without it (`_fall_back`).
     """
     started = time.perf_counter()
-    work = [_Work(job, RestoreStats(job.slice, _local(job) or 0, job.target)) for job in jobs]
+    work = [RestoreWork(job, RestoreStats(job.slice, _local(job) or 0, job.target)) for job in jobs]
     try:
         todo = work
         while todo:
@@ -144,23 +150,23 @@ def restore_many(
             if w.done and w.job.store is not None:
                 w.job.store.close()  # complete: its directory can be used again
             elif w.error is None:
-                _clean(w)
+                clean_up(w)
         raise
     return [RestoreOutcome(w.job, w.job.store, w.stats, w.error) for w in work]
 
 
 def _run(
-    work: list[_Work], durable: DurableState, progress: Progress | None, started: float
+    work: list[RestoreWork], durable: DurableState, progress: Progress | None, started: float
 ) -> None:
     """One pass of the pipeline over `work`: each job ends done or with its error."""
-    tails = _Tails(durable)
+    tails = TailSections(durable)
     try:
         for w in work:
-            _guard(w, tails, lambda w=w: _prepare(w, durable))
-        direct = _Direct(durable)
+            guarded(w, tails, lambda w=w: _prepare(w, durable))
+        direct = DirectSections(durable)
         for w in work:
             if w.error is None and _catch_up_here(w, durable):
-                _guard(w, tails, lambda w=w: _finish(w, durable, direct, progress, started))
+                guarded(w, tails, lambda w=w: _finish(w, durable, direct, progress, started))
         rest = [w for w in work if w.error is None and not w.done]
         if rest:
             tails.transfers = transfers_for(
@@ -169,15 +175,15 @@ def _run(
         tails.plan([(w, e) for w in rest if w.plan for e in w.plan.entries])
         tails.top_up()
         if rest:
-            _Snapshots(rest, durable, tails, progress).run(
-                lambda w: _guard(w, tails, lambda: _finish(w, durable, tails, progress, started))
+            SnapshotTransfers(rest, durable, tails, progress).run(
+                lambda w: guarded(w, tails, lambda: _finish(w, durable, tails, progress, started))
             )
     except BaseException:
         tails.drop_all()
         raise
 
 
-def _fall_back(w: _Work) -> bool:
+def _fall_back(w: RestoreWork) -> bool:
     """Whether the job failed on its snapshot and an older path reaches its target; if
     so, the job is reset to go round again without that snapshot (logged)."""
     how, head = w.plan, w.head
@@ -208,7 +214,7 @@ def _fall_back(w: _Work) -> bool:
     return True
 
 
-def _catch_up_here(w: _Work, durable: DurableState) -> bool:
+def _catch_up_here(w: RestoreWork, durable: DurableState) -> bool:
     """Whether the job only replays segments that are on this host onto its open store:
     another worker process of the host moved the slice on. Such a catch-up is a local
     read and a RocksDB write per segment, quicker done in the calling thread than handed
@@ -229,7 +235,7 @@ def _local(job: RestoreJob) -> int | None:
     return job.store.version if job.store is not None else None
 
 
-def _prepare(w: _Work, durable: DurableState) -> None:
+def _prepare(w: RestoreWork, durable: DurableState) -> None:
     """Roll back in place if that is all it takes; otherwise plan, and discard a local
     store the plan does not build on."""
     job, stats = w.job, w.stats
@@ -260,9 +266,9 @@ def transfers_for(durable: DurableState, snapshot_bytes: int) -> Transfers:
 
 
 def _finish(
-    w: _Work,
+    w: RestoreWork,
     durable: DurableState,
-    tails: _Tails | _Direct,
+    tails: TailSections | DirectSections,
     progress: Progress | None,
     started: float,
 ) -> None:

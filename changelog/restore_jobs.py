@@ -1,5 +1,5 @@
 """What a restore is asked for and what it reports: a slice's `RestoreJob`, its
-`RestoreOutcome` and `RestoreStats`, the `Progress` logged across slices, and `_Work`, a
+`RestoreOutcome` and `RestoreStats`, the `Progress` logged across slices, and `RestoreWork`, a
 job on its way through `restore_many`. Progress lines go to the restore's logger, as
 they always have.
 """
@@ -108,7 +108,7 @@ class RestoreOutcome:
 
 
 @dataclass(eq=False)
-class _Work:
+class RestoreWork:
     """A job on its way through `restore_many`."""
 
     job: RestoreJob

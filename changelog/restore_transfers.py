@@ -1,7 +1,7 @@
 """The transfers of a restore pipeline: each snapshot's manifest and files queued on the
-transfer pool ahead of the stores being opened (`_Snapshots`), each changelog tail's
-sections fetched in the order they are applied within a budget (`_Tails`), and a failed
-job's transfers cancelled and its directory removed (`_guard`, `_clean`).
+transfer pool ahead of the stores being opened (`SnapshotTransfers`), each changelog tail's
+sections fetched in the order they are applied within a budget (`TailSections`), and a failed
+job's transfers cancelled and its directory removed (`guarded`, `clean_up`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from shardless.changelog.durable import DurableState, section_range
 from shardless.changelog.errors import MissingObjectError
 from shardless.changelog.layout import LogEntry
 from shardless.changelog.manifest import Manifest, cached_manifest, manifest_from
-from shardless.changelog.objects import FILE_THREADS, file_pool, missing
-from shardless.changelog.restore_jobs import Progress, _Work
+from shardless.changelog.objects import FILE_THREADS, file_pool, missing, no_progress
+from shardless.changelog.restore_jobs import Progress, RestoreWork
 from shardless.state.store import Change, SliceStore
 
 PREFETCH_BYTES = 64 << 20  # changelog sections fetched ahead of the one being applied
@@ -27,27 +27,27 @@ MANIFESTS_AHEAD = FILE_THREADS  # manifests requested ahead of the slice whose f
 FINISH_THREADS = 4  # threads opening stores and applying tails while transfers go on
 
 
-class _Direct:
+class DirectSections:
     """Changelog sections read when they are applied, in the calling thread."""
 
     def __init__(self, durable: DurableState) -> None:
         self.durable = durable
 
-    def take(self, w: _Work, entry: LogEntry) -> list[Change]:
+    def take(self, w: RestoreWork, entry: LogEntry) -> list[Change]:
         return self.durable.read_changes(w.job.slice, entry)
 
 
-def _guard(w: _Work, tails: _Tails, step) -> None:  # noqa: ANN001 - a closure
+def guarded(w: RestoreWork, tails: TailSections, step) -> None:  # noqa: ANN001 - a closure
     """Run one step of a job; on an error, record it and clean the job up."""
     try:
         step()
     except Exception as exc:
         w.error = exc
         tails.drop(w)
-        _clean(w)
+        clean_up(w)
 
 
-def _clean(w: _Work) -> None:
+def clean_up(w: RestoreWork) -> None:
     """Stop the job's transfers, close its store and remove its directory."""
     pending = [f for f in [w.manifest, *w.files] if f is not None]
     for f in pending:
@@ -59,23 +59,27 @@ def _clean(w: _Work) -> None:
     SliceStore.destroy(w.job.path)
 
 
-class _Snapshots:
+class SnapshotTransfers:
     """The snapshot transfers of every job, queued on the transfer pool by the calling
     thread while it hands finished transfers on: manifests `MANIFESTS_AHEAD` ahead, each
     one's files as soon as it has arrived, so the pool stays busy with bulk transfers."""
 
     def __init__(
-        self, work: list[_Work], durable: DurableState, tails: _Tails, progress: Progress | None
+        self,
+        work: list[RestoreWork],
+        durable: DurableState,
+        tails: TailSections,
+        progress: Progress | None,
     ) -> None:
         self.work = work
         self.loc = durable.loc
         self.tails = tails
-        self.on_bytes = progress.add if progress else _ignore
+        self.on_bytes = progress.add if progress else no_progress
         self.todo = deque(w for w in work if w.error is None and w.plan and w.plan.snapshot)
-        self.asked: deque[_Work] = deque()  # manifest requested, files not queued yet
+        self.asked: deque[RestoreWork] = deque()  # manifest requested, files not queued yet
         self.transfers = tails.transfers
 
-    def run(self, finish: Callable[[_Work], None]) -> None:
+    def run(self, finish: Callable[[RestoreWork], None]) -> None:
         """Call `finish` on every job that has not failed, each once its files are in
         (with `OPEN_AFTER_TRANSFERS`, once every job's are), in `FINISH_THREADS` threads;
         return when every call has returned."""
@@ -113,7 +117,7 @@ class _Snapshots:
             block = False
             w = self.asked.popleft()
 
-            def queue(w: _Work = w) -> None:
+            def queue(w: RestoreWork = w) -> None:
                 got = w.manifest.result()  # type: ignore[union-attr]
                 manifest = got
                 if not isinstance(got, Manifest):
@@ -124,11 +128,11 @@ class _Snapshots:
                 w.files = fetch_files(self.loc, manifest, w.job.path, self.on_bytes, self.transfers)
 
             if w.error is None:
-                _guard(w, self.tails, queue)
+                guarded(w, self.tails, queue)
             w.queued = True
             self._ask()
 
-    def _ready(self, w: _Work) -> bool:
+    def _ready(self, w: RestoreWork) -> bool:
         self._queue(block=False)
         if OPEN_AFTER_TRANSFERS and (self.todo or self.asked):
             return False
@@ -137,7 +141,7 @@ class _Snapshots:
         pending = [f for x in self.work for f in x.files] if OPEN_AFTER_TRANSFERS else w.files
         return all(f.done() for f in pending)
 
-    def _wait(self, w: _Work) -> None:
+    def _wait(self, w: RestoreWork) -> None:
         """Until something `w` waits for has moved: the next manifest or one of its files."""
         if self.asked and (OPEN_AFTER_TRANSFERS or not w.queued):
             self._queue(block=True)
@@ -149,11 +153,7 @@ class _Snapshots:
         wait(running, return_when=FIRST_COMPLETED)
 
 
-def _ignore(n: int) -> None:
-    pass
-
-
-class _Tails:
+class TailSections:
     """The changelog sections of every job, fetched on the transfer pool in the order they
     are applied, ahead of the one being applied within `PREFETCH_BYTES` and
     `PREFETCH_SECTIONS` (always at least the next one)."""
@@ -161,14 +161,14 @@ class _Tails:
     def __init__(self, durable: DurableState, transfers: Transfers = IN_PROCESS) -> None:
         self.durable = durable
         self.transfers = transfers  # where sections the host does not keep are fetched
-        self.order: list[tuple[_Work, LogEntry]] = []
+        self.order: list[tuple[RestoreWork, LogEntry]] = []
         self.next = 0  # the first section not requested yet
         self.ahead: dict[tuple[int, int], tuple[Future[list[Change]] | Future[bytes], int]] = {}
         self.held = 0  # bytes requested and not taken
         self.dropped: set[int] = set()  # ids of jobs that failed
         self._lock = threading.RLock()  # jobs finish in several threads
 
-    def plan(self, order: list[tuple[_Work, LogEntry]]) -> None:
+    def plan(self, order: list[tuple[RestoreWork, LogEntry]]) -> None:
         self.order = order
 
     def top_up(self) -> None:
@@ -195,7 +195,7 @@ class _Tails:
         self.ahead[(id(w), entry.version)] = (future, entry.length)
         self.held += entry.length
 
-    def take(self, w: _Work, entry: LogEntry) -> list[Change]:
+    def take(self, w: RestoreWork, entry: LogEntry) -> list[Change]:
         """The section's changes (requested now if it was not yet)."""
         key = (id(w), entry.version)
         with self._lock:
@@ -215,7 +215,7 @@ class _Tails:
             return got
         return self.durable.decode_changes(w.job.slice, entry, got)
 
-    def drop(self, w: _Work) -> None:
+    def drop(self, w: RestoreWork) -> None:
         """Forget a failed job's sections."""
         with self._lock:
             self.dropped.add(id(w))

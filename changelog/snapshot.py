@@ -32,8 +32,8 @@ from shardless.changelog.manifest import (
     manifests,
     read_manifest,
 )
-from shardless.changelog.objects import _pool_lock, file_pool
-from shardless.changelog.sst import _upload_sst, local_crcs
+from shardless.changelog.objects import file_pool, pool_lock
+from shardless.changelog.sst import local_crcs, upload_sst
 
 
 def _share_or_upload(
@@ -43,7 +43,7 @@ def _share_or_upload(
     (same CRC-32), else a new object; and the bytes uploaded."""
     if previous is not None and local_crcs.crc(path) == previous.crc32:
         return previous, 0
-    return SstFile(path.name, key, size, _upload_sst(loc, key, path, size)), size
+    return SstFile(path.name, key, size, upload_sst(loc, key, path, size)), size
 
 
 def write_snapshot(
@@ -98,7 +98,7 @@ def snapshot_pool() -> ThreadPoolExecutor:
     """The process's pool for whole snapshots (`upload_checkpoint`): separate from
     `file_pool`, whose threads a snapshot waits on for its SST objects."""
     global _snapshot_pool
-    with _pool_lock:
+    with pool_lock:
         if _snapshot_pool is None:
             _snapshot_pool = ThreadPoolExecutor(
                 SNAPSHOT_THREADS, thread_name_prefix="shardless-snapshot"

@@ -24,7 +24,7 @@ from shardless.changelog import aws
 from shardless.changelog.errors import CorruptObjectError
 from shardless.changelog.layout import AppLocation
 from shardless.changelog.manifest import FORMAT, Manifest, SstFile
-from shardless.changelog.objects import OnBytes, _ignore, is_missing, missing
+from shardless.changelog.objects import OnBytes, is_missing, missing, no_progress
 
 SST_MAGIC = b"SHST"
 _SST = struct.Struct(">4sBIQ")
@@ -76,7 +76,7 @@ class _CrcCache:
 local_crcs = _CrcCache()
 
 
-def _upload_sst(loc: AppLocation, key: str, path: Path, size: int) -> int:
+def upload_sst(loc: AppLocation, key: str, path: Path, size: int) -> int:
     data = path.read_bytes()
     crc = zlib.crc32(data)
     local_crcs.put(path, crc)
@@ -122,7 +122,7 @@ def _check_content(f: SstFile, where: str, size: int, crc: int) -> None:
         )
 
 
-def download_sst(bucket: str, f: SstFile, dest: Path, on_bytes: OnBytes = _ignore) -> int:
+def download_sst(bucket: str, f: SstFile, dest: Path, on_bytes: OnBytes = no_progress) -> int:
     """Stream one SST object into `dest`, verifying its header and the CRC-32 of its content
     on the way (zlib and file writes release the GIL on chunks this size)."""
     body, where = _open_sst(bucket, f)

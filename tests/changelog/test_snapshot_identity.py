@@ -155,7 +155,7 @@ def _share_on_name_and_size(loc, key, path, size, previous):
     """How snapshots shared files before issue 28: on name and size alone."""
     if previous is not None:
         return previous, 0
-    return SstFile(path.name, key, size, sst_module._upload_sst(loc, key, path, size)), size
+    return SstFile(path.name, key, size, sst_module.upload_sst(loc, key, path, size)), size
 
 
 def history(location, tmp_path: Path, damage: str, monkeypatch) -> tuple[SliceStore, str]:
