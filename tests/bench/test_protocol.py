@@ -45,7 +45,8 @@ def test_a_seeded_slice_has_no_violations(aws):
 
 @pytest.mark.slow
 def test_a_longer_slice_has_no_violations(aws):
-    assert failures(11, 20, settings(30)) == []  # about 2 minutes; bench.protocol runs more
+    # about a minute; bench.protocol's campaigns run thousands (docs/benchmarks.md)
+    assert failures(11, 10, settings(30)) == []
 
 
 def test_the_oracle_catches_a_batch_applied_twice(aws, monkeypatch):
