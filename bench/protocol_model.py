@@ -27,7 +27,8 @@ from typing import Any
 
 from bench.protocol_app import FAR_MS, T0, Fold, Rec, Spec, frame, now_of, on_timer, process
 from bench.protocol_faults import Crash, before_first_commit, crash_point, stall_commit
-from shardless.changelog import aws, gc, resources
+from shardless.changelog import aws, gc, lease, resources
+from shardless.changelog import durable as durable_module
 from shardless.changelog.durable import DurableState
 from shardless.changelog.errors import ChangelogError
 from shardless.changelog.layout import AppLocation, head_item
@@ -102,6 +103,13 @@ class World:
         self.zombie_result: list[Any] = []
         self.refused = 0
         self.gc_runs = 0
+        # the hours an aged gc lets pass, for every clock the protocol reads (a zombie's
+        # uploads stay as old as they were when it stalled)
+        self.clock_offset_ms = 0
+        self._real_now_ms = durable_module._now_ms
+        offset = lambda: self.clock_offset_ms  # noqa: E731
+        durable_module._now_ms = lambda: self._real_now_ms() + offset()
+        lease._now_ms = durable_module._now_ms
         self.outcomes: list[str] = []  # per step: ok, skip, refused: <why>
         self._checked: dict[int, tuple[bytes, dict[str, Any]]] = {}
         self.handler = HandlerFactory(process, on_timer=on_timer)
@@ -433,7 +441,8 @@ class World:
         self.gc_runs += 1
         now = None
         if aged:
-            now = int(datetime.now(UTC).timestamp() * 1000) + self.gc_runs * 2 * 3_600_000
+            self.clock_offset_ms = self.gc_runs * 2 * 3_600_000
+            now = int(datetime.now(UTC).timestamp() * 1000) + self.clock_offset_ms
         try:
             report = gc.collect(self.loc, self.spec.slices, dry_run=False, now_ms=now)
         except REFUSALS as exc:
@@ -643,6 +652,7 @@ class World:
             self.kill(w)
         for loc in self.apps:
             drop(loc)
+        durable_module._now_ms = lease._now_ms = self._real_now_ms
 
 
 def drop(loc: AppLocation) -> None:

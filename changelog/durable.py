@@ -265,7 +265,8 @@ class DurableState:
         """Persist the changes of several slices; return the segment's uid, the heads as
         written and the cost. `uploads_since` (time.monotonic()) is when the batch's first
         upload that the commit references began (its snapshots); the commit refuses to go
-        out past `COMMIT_DEADLINE_S` from then (CommitTooLateError).
+        out past `COMMIT_DEADLINE_S` from then, and DynamoDB refuses it once garbage
+        collection's horizon has passed that time (CommitTooLateError both).
 
         The segment is written first; the DynamoDB transaction then makes it part of the
         slices' committed history. If the transaction loses, the segment stays unreferenced.
@@ -279,7 +280,9 @@ class DurableState:
         info = {"app": self.loc.app, "query": query, "batch": batch, "group": group}
         body, refs = encode_segment(info, [(c.slice, c.version, c.changes) for c in commits])
         encoded = time.perf_counter()
-        deadline = min(time.monotonic(), uploads_since or math.inf) + COMMIT_DEADLINE_S
+        first_upload = min(time.monotonic(), uploads_since or math.inf)
+        deadline = first_upload + COMMIT_DEADLINE_S
+        since_ms = _now_ms() - math.ceil((time.monotonic() - first_upload) * 1000)
         self._s3.put_object(
             Bucket=self.loc.bucket, Key=segment_key(self.loc, batch, group, uid), Body=body
         )
@@ -314,7 +317,7 @@ class DurableState:
             )  # fmt: skip
         slices = [c.slice for c in commits]
         what = f"batch {batch}: commit of slices"
-        done = self._transact(items, slices, what, uid, query, deadline)
+        done = self._transact(items, slices, what, uid, query, deadline, since_ms)
         return CommitResult(
             uid,
             len(body),
@@ -353,10 +356,12 @@ class DurableState:
         uid: str,
         query: str | None = None,
         deadline: float = math.inf,
+        since_ms: int | None = None,
     ) -> int:
         """Write `items` (one per slice of `slices`) in as few transactions as DynamoDB
         allows, sent at once (up to `TRANSACTION_THREADS`); returns how many. With `query`,
-        each transaction also checks that the query is not fenced. A transaction cancelled
+        each transaction also checks that the query is not fenced (and, with `since_ms`,
+        that gc's horizon is older than the uploads it references). A transaction cancelled
         because a head changed raises HeadConflictError naming the slices that lost; one
         cancelled only because another transaction held an item, or because DynamoDB
         throttled it, is retried. The others land or lose on their own: each head's
@@ -364,7 +369,7 @@ class DurableState:
         chunks = transaction_chunks([item_bytes(next(iter(item.values()))) for item in items])
 
         def send(lo: int, hi: int) -> None:
-            self._send(items[lo:hi], slices[lo:hi], what, f"{uid}-{lo}", query, deadline)
+            self._send(items[lo:hi], slices[lo:hi], what, f"{uid}-{lo}", query, deadline, since_ms)
 
         if len(chunks) == 1 or TRANSACTION_THREADS <= 1:
             for lo, hi in chunks:  # one at a time: the first failure stops the rest
@@ -386,11 +391,13 @@ class DurableState:
         token: str,
         query: str | None,
         deadline: float = math.inf,
+        since_ms: int | None = None,
     ) -> None:
         """One transaction; retried while it is cancelled only by another in flight or by
-        throttling. Raises QueryFencedError when `query` is fenced, ThrottledError when
-        DynamoDB kept throttling it, HeadConflictError naming the slices that lost."""
-        sent = items + [fence.check_item(self.loc, query)] if query is not None else items
+        throttling. Raises QueryFencedError when `query` is fenced, CommitTooLateError when
+        gc's horizon passed its uploads, ThrottledError when DynamoDB kept throttling it,
+        HeadConflictError naming the slices that lost."""
+        sent = items + [fence.check_item(self.loc, query, since_ms)] if query is not None else items
         conflicts = throttles = 0
         while True:
             tries = conflicts + throttles
@@ -410,7 +417,14 @@ class DurableState:
                     raise
                 reasons = cancellation_reasons(exc, len(sent))
                 if query is not None and reasons[-1] == "ConditionalCheckFailed":
-                    raise fence.fenced_error(self.loc, query, f"{what} {slices}") from exc
+                    if query in fence.fenced(self.loc):
+                        raise fence.fenced_error(self.loc, query, f"{what} {slices}") from exc
+                    raise CommitTooLateError(
+                        f"{what} {slices}: garbage collection has passed the time its uploads "
+                        f"began ({since_ms} ms; horizon {fence.horizon(self.loc)} ms), so it "
+                        "may have removed them (a task stalled longer than gc's grace "
+                        "period?); nothing is committed and the attempt is retried"
+                    ) from exc
                 heads = reasons[: len(items)]
                 lost = [s for s, r in zip(slices, heads, strict=True) if r not in NOT_LOST]
                 if not lost and "ThrottlingError" in reasons:

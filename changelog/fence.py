@@ -3,6 +3,8 @@ took it over: one small DynamoDB item.
 
     pk="app"  sk="fence"   fenced: string set of query ids
                            lineage: list of query ids, in the order they began on the state
+                           gc_before: epoch ms; garbage collection may delete unreferenced
+                                      objects written before it
 
 A query is fenced when another query takes the state over (a COMMITTED start, or a new
 checkpoint allowed to count records again) or when the state is rolled back behind it.
@@ -11,6 +13,11 @@ same transaction as its heads, so a fenced query's commit fails atomically: a qu
 was running when it was taken over cannot land one more batch on top of the new query's
 state, however its reads and the takeover interleave. The check is one item per
 transaction (per group and batch), not per slice; the item stays small (a few query ids).
+
+The same check refuses a commit whose uploads began before `gc_before`: garbage collection
+raises it before it reads the heads it judges by, so an attempt that stalled longer than
+gc's grace period between its uploads and its commit (a frozen host, a zombie) cannot land
+a reference to an object gc deleted, whatever the worker's clock or timers did meanwhile.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from shardless.changelog.errors import CommitConflictError
 from shardless.changelog.layout import APP_PK, AppLocation
 
 FENCE_SK = "fence"
+HORIZON = "gc_before"
 
 
 class QueryFencedError(CommitConflictError):
@@ -89,18 +97,52 @@ def lineage(loc: AppLocation) -> list[str]:
     return [q["S"] for q in item.get("lineage", {}).get("L", [])] if item else []
 
 
-def check_item(loc: AppLocation, query: str) -> dict[str, Any]:
-    """A TransactWriteItems ConditionCheck that `query` is not fenced (true while the
-    item does not exist)."""
+def check_item(loc: AppLocation, query: str, since_ms: int | None = None) -> dict[str, Any]:
+    """A TransactWriteItems ConditionCheck that `query` is not fenced (true while the item
+    does not exist) and, with `since_ms`, that gc's horizon is older than the commit's
+    first upload."""
+    condition = "NOT contains(#f, :me)"
+    names = {"#f": "fenced"}
+    values: dict[str, Any] = {":me": {"S": query}}
+    if since_ms is not None:
+        condition += " AND (attribute_not_exists(#h) OR #h < :since)"
+        names["#h"] = HORIZON
+        values[":since"] = {"N": str(since_ms)}
     return {
         "ConditionCheck": {
             "TableName": loc.table,
             "Key": _key(),
-            "ConditionExpression": "NOT contains(#f, :me)",
-            "ExpressionAttributeNames": {"#f": "fenced"},
-            "ExpressionAttributeValues": {":me": {"S": query}},
+            "ConditionExpression": condition,
+            "ExpressionAttributeNames": names,
+            "ExpressionAttributeValues": values,
         }
     }
+
+
+def raise_horizon(loc: AppLocation, before_ms: int) -> None:
+    """Refuse from now on every commit whose uploads began before `before_ms` (gc deletes
+    unreferenced objects written before it). The horizon only moves forward."""
+    try:
+        aws.client("dynamodb").update_item(
+            TableName=loc.table,
+            Key=_key(),
+            UpdateExpression="SET #h = :t",
+            ConditionExpression="attribute_not_exists(#h) OR #h < :t",
+            ExpressionAttributeNames={"#h": HORIZON},
+            ExpressionAttributeValues={":t": {"N": str(before_ms)}},
+        )
+    except aws.client("dynamodb").exceptions.ConditionalCheckFailedException:
+        pass  # a later horizon is there already
+
+
+def horizon(loc: AppLocation) -> int | None:
+    """gc's horizon (epoch ms), None before the first collection that deleted."""
+    item = (
+        aws.client("dynamodb")
+        .get_item(TableName=loc.table, Key=_key(), ConsistentRead=True)
+        .get("Item")
+    )
+    return int(item[HORIZON]["N"]) if item and HORIZON in item else None
 
 
 def fenced_error(loc: AppLocation, query: str, what: str) -> QueryFencedError:

@@ -25,7 +25,10 @@ commit itself uploaded: its segment, and its snapshot's manifest and SST files, 
 during the batch, just before the commit. Such an upload is younger than the grace
 period as long as a batch takes less than it (an hour against batches of seconds to
 minutes), so it is never deleted, even when an earlier collection saw it unreferenced
-while its commit was in flight.
+while its commit was in flight. An attempt that stalls longer than that between its
+uploads and its commit is refused at its commit: before it reads the heads, gc raises the
+application's horizon (`shardless.changelog.fence`) to `now - grace_s`, and every commit
+checks in its transaction that its uploads began after the horizon.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from dataclasses import dataclass, field
 import msgpack
 from botocore.exceptions import ClientError
 
-from shardless.changelog import aws
+from shardless.changelog import aws, fence
 from shardless.changelog.durable import DurableState
 from shardless.changelog.errors import ChangelogError, CorruptObjectError, MissingObjectError
 from shardless.changelog.layout import AppLocation
@@ -195,6 +198,8 @@ def collect(
     grace_ms = int(check_grace(grace_s) * 1000)
     now = int(time.time() * 1000) if now_ms is None else now_ms
     objects = _listing(loc)  # first what exists, then what the heads need: see the docstring
+    if not dry_run:  # before the heads are read: a commit after this is checked against it
+        fence.raise_horizon(loc, now - grace_ms)
     keep = referenced(loc, slices)
     pending, checked = _load_pending(loc)
     unreferenced = sorted(k for k in objects if k not in keep)

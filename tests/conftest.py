@@ -56,6 +56,23 @@ def _close_slice_stores() -> Iterator[None]:
 
 
 @pytest.fixture
+def clock_ahead(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], int]:
+    """Move the wall clock of commits and leases `ms` ahead (a test that runs gc "hours
+    later" commits at that time too); returns the shifted now in ms."""
+    from shardless.changelog import durable, lease
+
+    real = durable._now_ms
+
+    def ahead(ms: int) -> int:
+        shifted = lambda: real() + ms  # noqa: E731
+        monkeypatch.setattr(durable, "_now_ms", shifted)
+        monkeypatch.setattr(lease, "_now_ms", shifted)
+        return shifted()
+
+    return ahead
+
+
+@pytest.fixture
 def transfer_helper():  # noqa: ANN201
     """A new helper process (`shardless.changelog.transfer_process`), ready, stopped afterwards; the
     test points the module under test at it."""

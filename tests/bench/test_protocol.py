@@ -101,6 +101,11 @@ def test_the_oracle_catches_an_unconditional_commit(aws, monkeypatch):
         (11, 508, [["start", 3], ["run", 0, 0, 1], ["run", 0, 1, 1], ["run", 0, 2, 1],
                    ["record", 0], ["start", 4], ["run", 1, 1, 2], ["start", 3],
                    ["run", 2, 0, 1], ["move", 1, 2], ["run", 1, 1, 2]]),
+        # a zombie stalled between its segment PUT and its commit while gc, two hours
+        # apart, deleted the unreferenced segment; resumed, it committed a reference to it
+        (12, 1638, [["start", 4], ["run", 0, 2, 1], ["run", 0, 1, 1], ["run", 0, 0, 1],
+                    ["run", 0, 3, 1], ["record", 0], ["zombie", 0, 0, 1], ["gc", True],
+                    ["gc", True], ["resume"]]),
     ],
 )  # fmt: skip
 def test_the_violations_bench_protocol_found_replay_clean(aws, seed, run, steps):

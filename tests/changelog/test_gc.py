@@ -10,10 +10,11 @@ from collections import Counter
 import boto3
 import pytest
 
-from shardless.changelog import gc
+from shardless.changelog import fence, gc
 from shardless.changelog.durable import DurableState
-from shardless.changelog.errors import MissingObjectError
+from shardless.changelog.errors import CommitTooLateError, MissingObjectError
 from shardless.changelog.restore import materialize
+from tests.changelog.test_durable import commit, kv
 from tests.processor.runtime.test_runtime import KEYS, SLICES, durable_counts, frame, runner
 
 HOUR_MS = 3600 * 1000
@@ -93,11 +94,11 @@ def test_young_unreferenced_uploads_are_never_deleted(location, tmp_path):
     assert orphan not in report.deleted and orphan in keys(location)  # ...but written now
 
 
-def test_wiped_stores_restore_after_gc(location, tmp_path):
+def test_wiped_stores_restore_after_gc(location, tmp_path, clock_ahead):
     run_batches(location, tmp_path, range(12))
     now = int(time.time() * 1000)
     gc.collect(location, SLICES, dry_run=False, now_ms=now)
-    gc.collect(location, SLICES, dry_run=False, now_ms=now + 2 * HOUR_MS)
+    gc.collect(location, SLICES, dry_run=False, now_ms=clock_ahead(2 * HOUR_MS))
     for path in tmp_path.glob("*/w*/slice-*"):
         shutil.rmtree(path)
     run_batches(location, tmp_path, range(12, 14))
@@ -125,3 +126,20 @@ def test_the_pending_list_is_read_with_s3s_checksum(location, tmp_path):
     finally:
         events.unregister("before-send.s3.GetObject", seen)
     assert modes == [b"ENABLED"]
+
+
+def test_a_commit_whose_uploads_began_before_the_gc_horizon_is_refused(location):
+    """gc raises the horizon before it reads the heads; DynamoDB then refuses a commit whose
+    uploads began before it, wherever its worker stalled and whatever its clocks say."""
+    durable = DurableState(location)
+    commit(durable, 0, 1, [kv(1)], batch=0)
+    before = int(time.time() * 1000)
+    gc.collect(location, SLICES, dry_run=False, now_ms=before + 3 * 3_600_000)
+    assert fence.horizon(location) == before + 2 * 3_600_000
+    with pytest.raises(CommitTooLateError, match="horizon"):
+        commit(durable, 0, 2, [kv(2)], batch=1)  # its uploads began "two hours" ago
+    assert durable.heads([0])[0].version == 1
+    gc.collect(location, SLICES, dry_run=True, now_ms=before + 9 * 3_600_000)
+    assert fence.horizon(location) == before + 2 * 3_600_000  # a dry run deletes nothing
+    gc.collect(location, SLICES, dry_run=False, now_ms=before)
+    assert fence.horizon(location) == before + 2 * 3_600_000  # it only moves forward

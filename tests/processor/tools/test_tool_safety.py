@@ -197,7 +197,9 @@ def test_gc_deletes_while_the_job_runs_with_a_safe_grace_period(location, tmp_pa
     assert code == 3 and "looks running" in data["error"] and "grace" in data["error"]
 
 
-def test_gc_beside_commits_between_its_listing_and_its_deletions(location, tmp_path, monkeypatch):
+def test_gc_beside_commits_between_its_listing_and_its_deletions(
+    location, tmp_path, monkeypatch, clock_ahead
+):
     """The job commits (new segments and snapshots, trimming old ones) while gc lists, reads
     heads and deletes, with a clock far enough ahead that every object looks old: nothing a
     head needs is deleted, and every slice still restores."""
@@ -226,8 +228,8 @@ def test_gc_beside_commits_between_its_listing_and_its_deletions(location, tmp_p
 
     monkeypatch.setattr(gc, "_listing", listing_then_commit)
     monkeypatch.setattr(gc, "referenced", heads_then_commit)
-    for step in (1, 2, 3):
-        report = gc.collect(location, SLICES, dry_run=False, now_ms=now + step * 2 * HOUR_MS)
+    for step in (1, 2, 3):  # the job's commits are as far ahead as gc's clock
+        report = gc.collect(location, SLICES, dry_run=False, now_ms=clock_ahead(step * 2 * HOUR_MS))
         assert report.deleted or step > 1
     monkeypatch.undo()
     done = next(batch)
