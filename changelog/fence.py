@@ -42,6 +42,14 @@ def _key() -> dict[str, Any]:
     return {"pk": {"S": APP_PK}, "sk": {"S": FENCE_SK}}
 
 
+def _item(loc: AppLocation) -> dict[str, Any] | None:
+    return (
+        aws.client("dynamodb")
+        .get_item(TableName=loc.table, Key=_key(), ConsistentRead=True)
+        .get("Item")
+    )
+
+
 def fence(loc: AppLocation, queries: Iterable[str]) -> None:
     """Add `queries` to the application's fenced set (idempotent)."""
     names = sorted({q for q in queries if q})
@@ -58,42 +66,26 @@ def fence(loc: AppLocation, queries: Iterable[str]) -> None:
 
 def fenced(loc: AppLocation) -> set[str]:
     """The application's fenced queries."""
-    item = (
-        aws.client("dynamodb")
-        .get_item(TableName=loc.table, Key=_key(), ConsistentRead=True)
-        .get("Item")
-    )
+    item = _item(loc)
     return set(item.get("fenced", {}).get("SS", [])) if item else set()
 
 
 def join(loc: AppLocation, query: str) -> None:
     """Append `query` to the application's lineage (once): it begins work on the state, so
     every commit it makes comes after those of the queries before it."""
-    try:
-        aws.client("dynamodb").update_item(
-            TableName=loc.table,
-            Key=_key(),
-            UpdateExpression="SET #l = list_append(if_not_exists(#l, :none), :q)",
-            ConditionExpression="attribute_not_exists(#l) OR NOT contains(#l, :me)",
-            ExpressionAttributeNames={"#l": "lineage"},
-            ExpressionAttributeValues={
-                ":none": {"L": []},
-                ":q": {"L": [{"S": query}]},
-                ":me": {"S": query},
-            },
-        )
-    except aws.client("dynamodb").exceptions.ConditionalCheckFailedException:
-        pass  # joined already
+    _update_unless(  # unless joined already
+        loc,
+        "SET #l = list_append(if_not_exists(#l, :none), :q)",
+        "attribute_not_exists(#l) OR NOT contains(#l, :me)",
+        {"#l": "lineage"},
+        {":none": {"L": []}, ":q": {"L": [{"S": query}]}, ":me": {"S": query}},
+    )
 
 
 def lineage(loc: AppLocation) -> list[str]:
     """The queries that began on the application's state, oldest first ([] for state
     written before the lineage was kept)."""
-    item = (
-        aws.client("dynamodb")
-        .get_item(TableName=loc.table, Key=_key(), ConsistentRead=True)
-        .get("Item")
-    )
+    item = _item(loc)
     return [q["S"] for q in item.get("lineage", {}).get("L", [])] if item else []
 
 
@@ -122,26 +114,35 @@ def check_item(loc: AppLocation, query: str, since_ms: int | None = None) -> dic
 def raise_horizon(loc: AppLocation, before_ms: int) -> None:
     """Refuse from now on every commit whose uploads began before `before_ms` (gc deletes
     unreferenced objects written before it). The horizon only moves forward."""
+    _update_unless(  # unless a later horizon is there already
+        loc,
+        "SET #h = :t",
+        "attribute_not_exists(#h) OR #h < :t",
+        {"#h": HORIZON},
+        {":t": {"N": str(before_ms)}},
+    )
+
+
+def _update_unless(
+    loc: AppLocation, update: str, condition: str, names: dict, values: dict
+) -> None:
+    """Update the fence item when `condition` holds; otherwise leave it as it is."""
     try:
         aws.client("dynamodb").update_item(
             TableName=loc.table,
             Key=_key(),
-            UpdateExpression="SET #h = :t",
-            ConditionExpression="attribute_not_exists(#h) OR #h < :t",
-            ExpressionAttributeNames={"#h": HORIZON},
-            ExpressionAttributeValues={":t": {"N": str(before_ms)}},
+            UpdateExpression=update,
+            ConditionExpression=condition,
+            ExpressionAttributeNames=names,
+            ExpressionAttributeValues=values,
         )
     except aws.client("dynamodb").exceptions.ConditionalCheckFailedException:
-        pass  # a later horizon is there already
+        pass
 
 
 def horizon(loc: AppLocation) -> int | None:
     """gc's horizon (epoch ms), None before the first collection that deleted."""
-    item = (
-        aws.client("dynamodb")
-        .get_item(TableName=loc.table, Key=_key(), ConsistentRead=True)
-        .get("Item")
-    )
+    item = _item(loc)
     return int(item[HORIZON]["N"]) if item and HORIZON in item else None
 
 

@@ -94,6 +94,14 @@ def durable_counts(location, slices: int = SLICES) -> dict[str, int]:
 KEYS = [f"user-{i % 37}" for i in range(400)]
 
 
+def counts_run_in_order(seen: list[dict]) -> bool:
+    """Each key's outputs count 1, 2, 3, ... in the order they were emitted."""
+    per_key: dict[str, list[int]] = {}
+    for o in seen:
+        per_key.setdefault(o["key"], []).append(o["n"])
+    return all(ns == list(range(1, len(ns) + 1)) for ns in per_key.values())
+
+
 def test_batches_fold_to_the_reference_and_emit_in_key_order(location, tmp_path):
     r = runner(location, tmp_path)
     seen: list[dict] = []
@@ -101,10 +109,7 @@ def test_batches_fold_to_the_reference_and_emit_in_key_order(location, tmp_path)
         batch_keys = KEYS[b * 100 : (b + 1) * 100]
         seen += outputs(r.run(0, "q", b, frame(batch_keys, b * 100)))
     assert durable_counts(location) == dict(Counter(KEYS))
-    per_key: dict[str, list[int]] = {}
-    for o in seen:
-        per_key.setdefault(o["key"], []).append(o["n"])
-    assert all(ns == list(range(1, len(ns) + 1)) for ns in per_key.values())
+    assert counts_run_in_order(seen)
 
 
 def test_rerun_of_a_batch_counts_its_input_once_and_repeats_its_outputs(location, tmp_path):

@@ -15,6 +15,7 @@ from shardless.processor.runtime.stores import cache_for
 from tests.processor.runtime.test_runtime import (
     KEYS,
     SLICES,
+    counts_run_in_order,
     durable_counts,
     frame,
     metrics_of,
@@ -63,10 +64,7 @@ def test_a_worker_over_its_store_limit_closes_idle_stores_and_stays_exact(
             closed = {s for s in range(SLICES) if s not in cache._open}
             assert all(open_files_under(cache._path(s)) == 0 for s in closed)
     assert durable_counts(location) == dict(Counter(KEYS))
-    per_key: dict[str, list[int]] = {}
-    for o in seen:
-        per_key.setdefault(o["key"], []).append(o["n"])
-    assert all(ns == list(range(1, len(ns) + 1)) for ns in per_key.values())
+    assert counts_run_in_order(seen)
 
 
 def test_without_a_limit_reached_no_store_is_closed(location, tmp_path):
