@@ -119,25 +119,33 @@ def new_query(
 
 def _rollback(env: Env, fault: Fault, outcome: Outcome) -> dict[str, Any]:
     """`state rollback --apply` to a batch `fault.back` before the newest recorded one
-    (or the nearest earlier one with a progress record)."""
+    (or the nearest earlier one with a progress record). A target older than a slice's
+    retained history is refused by the tool, rightly: the next later recorded batch is
+    tried, and the newest one always can be."""
     loc = outcome.current.cfg.location
     latest = progress.latest(loc)
     if latest is None:
         return {"rollback": "no progress record yet: nothing to roll back to"}
-    query, target = latest["query"], max(latest["batch"] - fault.back, 0)
+    query, newest = latest["query"], latest["batch"]
+    target = max(newest - fault.back, 0)
     while target > 0 and progress.at_batch(loc, query, target) is None:
         target -= 1
-    if progress.at_batch(loc, query, target) is None:
-        target = latest["batch"]
-    code, out = _tool(
-        env, outcome, "rollback", "--app", outcome.app, "--query", query,
-        "--batch", str(target), "--apply", "--force", "--json",
-    )  # fmt: skip
-    done: dict[str, Any] = {"query": query[:8], "latest": latest["batch"], "to_batch": target}
-    if code == 0:
-        with contextlib.suppress(ValueError, IndexError):
-            done["moved"] = json.loads(out.splitlines()[-1]).get("moved")
-    else:
-        outcome.problems.append(f"rollback to batch {target} exited {code}: {out[-400:]}")
-    done["exit"] = code
+    candidates = [b for b in range(target, newest + 1) if progress.at_batch(loc, query, b)]
+    done: dict[str, Any] = {"query": query[:8], "latest": newest, "beyond_retention": []}
+    for batch in candidates or [newest]:
+        code, out = _tool(
+            env, outcome, "rollback", "--app", outcome.app, "--query", query,
+            "--batch", str(batch), "--apply", "--force", "--json",
+        )  # fmt: skip
+        done |= {"to_batch": batch, "exit": code}
+        if code == 2 and "no longer retained" in out:
+            done["beyond_retention"].append(batch)
+            continue
+        if code == 0:
+            with contextlib.suppress(ValueError, IndexError):
+                done["moved"] = json.loads(out.splitlines()[-1]).get("moved")
+        else:
+            outcome.problems.append(f"rollback to batch {batch} exited {code}: {out[-400:]}")
+        return done
+    outcome.problems.append(f"rollback: even batch {newest}, the newest, is beyond retention")
     return done
