@@ -469,14 +469,7 @@ def requests_part(tmp: Path, requests: Requests, batches: int, batches_large: in
         f"at_{LARGE_SLICES}_slices": {
             k: v for k, v in runs[2].items() if not isinstance(v, dict) or k == "dollars_per_month"
         },
-        "cost_runs": [
-            {
-                k: v
-                for k, v in r.items()
-                if not k.endswith("_requests") or k == "idle_batch_requests"
-            }
-            for r in runs
-        ],
+        "cost_runs": runs,
         "cost_table": cost_table(runs),
         "prices": asdict(billing.PRICES),
         "_requests_config": {
