@@ -39,7 +39,7 @@ READ_STEP = 4 * KB
 class Prices:
     """On-demand list prices in US dollars, us-east-1, and the date they were read."""
 
-    as_of: str = "2025-06 (DynamoDB on demand after its 2024-11 price cut)"
+    as_of: str = "2024-11 list prices, us-east-1 (DynamoDB on demand after its 2024-11 cut)"
     dynamodb_write_unit: float = 0.625 / 1e6
     dynamodb_read_unit: float = 0.125 / 1e6
     s3_put: float = 0.005 / 1000  # PUT, COPY, POST, LIST
