@@ -104,7 +104,9 @@ def _update_bytes(params: dict[str, Any]) -> int:
     )
 
 
-def dynamodb_units(operation: str, params: dict[str, Any], answer: dict[str, Any]) -> tuple:
+def dynamodb_units(
+    operation: str, params: dict[str, Any], answer: dict[str, Any]
+) -> tuple[float, float]:
     """(write units, read units) one DynamoDB call bills."""
     if operation == "PutItem":
         return write_units(item_bytes(params["Item"])), 0.0

@@ -417,14 +417,7 @@ class DurableState:
                     raise
                 reasons = cancellation_reasons(exc, len(sent))
                 if query is not None and reasons[-1] == "ConditionalCheckFailed":
-                    if query in fence.fenced(self.loc):
-                        raise fence.fenced_error(self.loc, query, f"{what} {slices}") from exc
-                    raise CommitTooLateError(
-                        f"{what} {slices}: garbage collection has passed the time its uploads "
-                        f"began ({since_ms} ms; horizon {fence.horizon(self.loc)} ms), so it "
-                        "may have removed them (a task stalled longer than gc's grace "
-                        "period?); nothing is committed and the attempt is retried"
-                    ) from exc
+                    raise fence.refusal(self.loc, query, f"{what} {slices}", since_ms) from exc
                 heads = reasons[: len(items)]
                 lost = [s for s, r in zip(slices, heads, strict=True) if r not in NOT_LOST]
                 if not lost and "ThrottlingError" in reasons:

@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from shardless.changelog import aws
-from shardless.changelog.errors import CommitConflictError
+from shardless.changelog.errors import ChangelogError, CommitConflictError, CommitTooLateError
 from shardless.changelog.layout import APP_PK, AppLocation
 
 FENCE_SK = "fence"
@@ -144,6 +144,20 @@ def horizon(loc: AppLocation) -> int | None:
     """gc's horizon (epoch ms), None before the first collection that deleted."""
     item = _item(loc)
     return int(item[HORIZON]["N"]) if item and HORIZON in item else None
+
+
+def refusal(loc: AppLocation, query: str, what: str, since_ms: int | None) -> ChangelogError:
+    """Why a commit's check on the fence item failed, read from the item once: the query
+    is fenced, or gc's horizon passed the time its uploads began."""
+    item = _item(loc) or {}
+    if query in item.get("fenced", {}).get("SS", []):
+        return fenced_error(loc, query, what)
+    found = item.get(HORIZON, {}).get("N")
+    return CommitTooLateError(
+        f"{what}: garbage collection has passed the time its uploads began ({since_ms} ms; "
+        f"horizon {found} ms), so it may have removed them (a task stalled longer than gc's "
+        "grace period?); nothing is committed and the attempt is retried"
+    )
 
 
 def fenced_error(loc: AppLocation, query: str, what: str) -> QueryFencedError:

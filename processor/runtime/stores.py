@@ -114,17 +114,17 @@ class StoreCache:
         files stay; the next use reopens them). Stores in `wanted` stay open."""
         keep = set(wanted)
         others = [c for c in _live if c is not self]
-        excess = len(self._open.keys() | keep) + sum(len(c._open) for c in others)
-        excess -= self.max_open
+        opening = sum(1 for s in keep if s not in self._open)
+        excess = len(self._open) + opening + sum(len(c._open) for c in others) - self.max_open
+        if excess <= 0:  # the common case, once per batch: nothing to close
+            return
         closed = 0
         for cache in [self, *others]:
-            for s in [s for s in cache._open if cache is not self or s not in keep]:
-                if closed >= excess:
-                    break
+            idle = [s for s in cache._open if cache is not self or s not in keep]
+            for s in idle[: excess - closed]:
                 cache._open.pop(s).close()
                 closed += 1
-        if closed:
-            log.info("closed %s idle stores (at most %s open)", closed, self.max_open)
+        log.info("closed %s idle stores (at most %s open)", closed, self.max_open)
 
     def _used(self, slices: Iterable[int]) -> None:
         """Mark `slices` the most recently used."""
