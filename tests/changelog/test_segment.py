@@ -11,9 +11,11 @@ from shardless.changelog.segment import (
     OBJECT_MAGIC,
     SECTION_MAGIC,
     SectionRef,
+    decode_index,
     decode_info,
     decode_section,
     encode_segment,
+    index_length,
 )
 
 WHERE = "s3://bucket/app/seg-000042.shlg"
@@ -73,6 +75,45 @@ def test_each_section_decodes_back_to_its_slices_changes(
 def test_decode_info_returns_the_segment_info(info: dict, sections: list) -> None:
     raw, _ = encode_segment(info, sections)
     assert decode_info(raw, where=WHERE) == info
+
+
+@given(info_st, sections_st)
+def test_the_index_names_every_section_where_it_is(info: dict, sections: list) -> None:
+    raw, refs = encode_segment(info, sections)
+    start = index_length(raw)
+    assert start == (refs[0].offset if refs else len(raw))
+    assert decode_index(raw[:start], where=WHERE) == refs
+    for ref in decode_index(raw[:start], where=WHERE) or []:
+        decode_section(_section(raw, ref), slice_id=ref.slice, version=ref.version, where=WHERE)
+
+
+def _without_index(raw: bytes) -> bytes:
+    """The same segment as written before segments had an index."""
+    header_end = 4 + 1 + 4 + int.from_bytes(raw[5:9], "big") + 4
+    return raw[:header_end] + raw[index_length(raw) :]
+
+
+def test_a_segment_written_before_the_index_has_none_and_its_header_still_reads() -> None:
+    raw, refs = _sample()
+    old = _without_index(raw)
+    assert old[index_length(old) : index_length(old) + 4] == SECTION_MAGIC
+    assert decode_index(old, where=WHERE) is None
+    assert decode_info(old, where=WHERE) == {"task": 3, "batch": 17}
+
+
+@given(st.data())
+def test_damage_to_the_index_is_refused(data: st.DataObject) -> None:
+    raw, _ = _sample()
+    header_end = 4 + 1 + 4 + int.from_bytes(raw[5:9], "big") + 4
+    end = index_length(raw)
+    position = data.draw(st.integers(min_value=header_end, max_value=end - 1))
+    damaged = bytearray(raw[:end])
+    damaged[position] ^= data.draw(st.integers(min_value=1, max_value=255))
+    with pytest.raises(CorruptObjectError, match=WHERE):
+        decode_index(bytes(damaged), where=WHERE)
+    with pytest.raises(CorruptObjectError, match=WHERE):
+        decode_index(raw[: data.draw(st.integers(min_value=header_end, max_value=end - 1))],
+                     where=WHERE)  # fmt: skip
 
 
 # magic, format, slice, version, length, crc32
@@ -176,8 +217,8 @@ def test_a_section_with_trailing_bytes_is_refused() -> None:
 
 
 def test_a_truncated_segment_header_is_refused() -> None:
-    raw, refs = _sample()
-    header_end = refs[0].offset
+    raw, _ = _sample()
+    header_end = 4 + 1 + 4 + int.from_bytes(raw[5:9], "big") + 4
     for cut in range(header_end):
         with pytest.raises(CorruptObjectError, match=WHERE):
             decode_info(raw[:cut], where=WHERE)
