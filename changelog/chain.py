@@ -1,0 +1,216 @@
+"""A group's chain: the append-only DynamoDB items that commit a group's batches, one item
+per batch in which the group changed something (docs/design/group-commits.md).
+
+    pk="chain#<id>"  sk="genesis"          query, partitions, group, first, count, created
+    pk="chain#<id>"  sk="<position:012d>"  q, b, u, hl, n, sl, tp[, sp] (a link)
+                                           or seal (nothing may follow)
+
+A link names its segment (uid, header-and-index length, byte length) and which slices of
+the chain's range it changed, as a bitmap: a slice's version is counted, not stored, so a
+link stays under 1 KB whatever the slice count. Positions are taken by conditional writes,
+one writer each, which orders every attempt of a group's batch.
+
+Pure records and their items here; the reads and writes are in `durable`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from shardless.changelog.errors import CorruptObjectError
+
+GENESIS_SK = "genesis"
+_POSITION_DIGITS = 12
+
+
+def chain_pk(chain: str) -> str:
+    return f"chain#{chain}"
+
+
+def position_sk(position: int) -> str:
+    return f"{position:0{_POSITION_DIGITS}d}"
+
+
+@dataclass(frozen=True)
+class SliceRange:
+    """The slices a chain may name: `first` .. `first + count - 1` (one group's range)."""
+
+    first: int
+    count: int
+
+    def __contains__(self, slice_id: object) -> bool:
+        return isinstance(slice_id, int) and self.first <= slice_id < self.first + self.count
+
+
+def bitmap(slices: tuple[int, ...] | list[int], within: SliceRange) -> bytes:
+    """`slices` as one bit each over `within` (bit i of byte i // 8: slice first + i);
+    ValueError for a slice outside it."""
+    bits = bytearray((within.count + 7) // 8)
+    for s in slices:
+        if s not in within:
+            raise ValueError(
+                f"slice {s} is outside the chain's range {within.first}-"
+                f"{within.first + within.count - 1}"
+            )
+        i = s - within.first
+        bits[i // 8] |= 1 << (i % 8)
+    return bytes(bits)
+
+
+def members(bits: bytes, within: SliceRange) -> tuple[int, ...]:
+    """The slices a `bitmap` names, in order."""
+    out = []
+    for byte_index, byte in enumerate(bits):
+        while byte:
+            low = byte & -byte
+            i = byte_index * 8 + low.bit_length() - 1
+            if i >= within.count:
+                raise ValueError(f"bit {i} is past the chain's {within.count} slices")
+            out.append(within.first + i)
+            byte ^= low
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Genesis:
+    """Who writes a chain: one query's group under one group layout."""
+
+    chain: str
+    query: str
+    partitions: int
+    group: int
+    range: SliceRange
+    created_ms: int
+
+
+@dataclass(frozen=True)
+class PackRef:
+    """The snapshot pack a link's batch uploaded: which slices it holds."""
+
+    key: str
+    bytes: int
+    slices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Link:
+    """One position of a chain: a committed batch of the group, or a seal."""
+
+    position: int
+    query: str = ""
+    batch: int = -1
+    uid: str = ""
+    index_length: int = 0  # bytes of the segment's header and section index
+    length: int = 0  # bytes of the whole segment
+    slices: tuple[int, ...] = ()  # changed by this batch, in order
+    timers: tuple[int, ...] = ()  # of `slices`, those with timers pending after it
+    pack: PackRef | None = None
+    sealed_by: str = ""  # a seal: who took the chain's slices over
+
+    @property
+    def sealed(self) -> bool:
+        return bool(self.sealed_by)
+
+
+def genesis_item(g: Genesis) -> dict[str, dict[str, Any]]:
+    return {
+        "pk": {"S": chain_pk(g.chain)},
+        "sk": {"S": GENESIS_SK},
+        "query": {"S": g.query},
+        "partitions": {"N": str(g.partitions)},
+        "group": {"N": str(g.group)},
+        "first": {"N": str(g.range.first)},
+        "count": {"N": str(g.range.count)},
+        "created": {"N": str(g.created_ms)},
+    }
+
+
+def genesis_from_item(item: dict[str, Any]) -> Genesis:
+    where = f"chain item {item.get('pk', {}).get('S')!r}/genesis"
+    try:
+        return Genesis(
+            chain=item["pk"]["S"].removeprefix("chain#"),
+            query=item["query"]["S"],
+            partitions=int(item["partitions"]["N"]),
+            group=int(item["group"]["N"]),
+            range=SliceRange(int(item["first"]["N"]), int(item["count"]["N"])),
+            created_ms=int(item["created"]["N"]),
+        )
+    except (KeyError, ValueError) as exc:
+        raise CorruptObjectError(f"{where}: unreadable ({exc!r})") from exc
+
+
+def link_item(chain: str, link: Link, within: SliceRange) -> dict[str, dict[str, Any]]:
+    """The DynamoDB item of `link` in `chain`, whose slices are `within`."""
+    item: dict[str, dict[str, Any]] = {
+        "pk": {"S": chain_pk(chain)},
+        "sk": {"S": position_sk(link.position)},
+    }
+    if link.sealed:
+        item["seal"] = {"S": link.sealed_by}
+        return item
+    if not set(link.timers) <= set(link.slices):
+        raise ValueError(f"timers {link.timers} name slices the link does not: {link.slices}")
+    item |= {
+        "q": {"S": link.query},
+        "b": {"N": str(link.batch)},
+        "u": {"S": link.uid},
+        "hl": {"N": str(link.index_length)},
+        "n": {"N": str(link.length)},
+        "sl": {"B": bitmap(link.slices, within)},
+    }
+    if link.timers:
+        item["tp"] = {"B": bitmap(link.timers, within)}
+    if link.pack is not None:
+        item["sp"] = {"S": link.pack.key}
+        item["spn"] = {"N": str(link.pack.bytes)}
+        item["sps"] = {"B": bitmap(link.pack.slices, within)}
+    return item
+
+
+def link_from_item(item: dict[str, Any], within: SliceRange) -> Link:
+    """A link read back; CorruptObjectError naming the item when it does not decode."""
+    where = f"chain item {item.get('pk', {}).get('S')!r}/{item.get('sk', {}).get('S')!r}"
+    try:
+        position = int(item["sk"]["S"])
+        if "seal" in item:
+            return Link(position, sealed_by=item["seal"]["S"])
+        pack = None
+        if "sp" in item:
+            pack = PackRef(
+                item["sp"]["S"], int(item["spn"]["N"]), members(bytes(item["sps"]["B"]), within)
+            )
+        return Link(
+            position=position,
+            query=item["q"]["S"],
+            batch=int(item["b"]["N"]),
+            uid=item["u"]["S"],
+            index_length=int(item["hl"]["N"]),
+            length=int(item["n"]["N"]),
+            slices=members(bytes(item["sl"]["B"]), within),
+            timers=members(bytes(item["tp"]["B"]), within) if "tp" in item else (),
+            pack=pack,
+        )
+    except (KeyError, ValueError) as exc:
+        raise CorruptObjectError(f"{where}: unreadable ({exc!r})") from exc
+
+
+def versions(
+    base: int, links: list[Link] | tuple[Link, ...], slice_id: int, start: int = 0
+) -> list[tuple[int, Link]]:
+    """The versions of `slice_id` that `links` (in position order) commit after `base`,
+    counting from position `start`, up to the first seal: each version with its link."""
+    out, version, last = [], base, None
+    for link in links:
+        if last is not None and link.position != last + 1:
+            raise ValueError(f"chain positions jump from {last} to {link.position}")
+        last = link.position
+        if link.position < start:
+            continue
+        if link.sealed:
+            break
+        if slice_id in link.slices:
+            version += 1
+            out.append((version, link))
+    return out
