@@ -15,10 +15,13 @@ Pure records and their items here; the reads and writes are in `durable`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
-from shardless.changelog.errors import CorruptObjectError
+from shardless.changelog.errors import ContinuityError, CorruptObjectError
+from shardless.changelog.layout import TIMERS_UNKNOWN, Head, LogEntry, query_tag
+from shardless.changelog.segment import SectionRef
 
 GENESIS_SK = "genesis"
 _POSITION_DIGITS = 12
@@ -214,3 +217,52 @@ def versions(
             version += 1
             out.append((version, link))
     return out
+
+
+def resolve(
+    head: Head,
+    genesis: Genesis,
+    links: Sequence[Link],
+    indexes: Mapping[str, Sequence[SectionRef]],
+) -> Head:
+    """`head` as if each of its chain's versions had been committed into it: `version`,
+    `query`, `batch` and `log` extended from `links` (the chain from `head.chain_from` on,
+    in order) and the segments' section `indexes` (by uid). Every section must hold the
+    slice at the version counted for it: anything else is a lost or foreign link, refused
+    as a ContinuityError naming the slice and the chain rather than restored wrongly.
+    Timers pending after the last link are marked unknown (`TIMERS_UNKNOWN`): a link says
+    whether, not when."""
+    if not head.chain:
+        return head
+    where = f"slice {head.slice}: chain {head.chain}"
+    if genesis.chain != head.chain or head.slice not in genesis.range:
+        raise ContinuityError(
+            f"{where}: the chain read is {genesis.chain} over slices {genesis.range.first}-"
+            f"{genesis.range.first + genesis.range.count - 1}"
+        )
+    log, last = list(head.log), None
+    try:
+        found = versions(head.version, links, head.slice, head.chain_from)
+    except ValueError as exc:
+        raise ContinuityError(f"{where}: {exc}") from exc
+    for version, link in found:
+        ref = next((r for r in indexes.get(link.uid, ()) if r.slice == head.slice), None)
+        if ref is None or ref.version != version:
+            got = "no section" if ref is None else f"version {ref.version}"
+            raise ContinuityError(
+                f"{where}: position {link.position} (batch {link.batch}, segment {link.uid}) "
+                f"should hold version {version}, its segment has {got}"
+            )
+        tag = query_tag(link.query)
+        log.append(
+            LogEntry(version, link.batch, genesis.group, link.uid, ref.offset, ref.length,
+                     ref.records, tag)
+        )  # fmt: skip
+        last = link
+    if last is None:
+        return head
+    pending = head.slice in last.timers  # when they are due is in the slice's store
+    return replace(
+        head, version=found[-1][0], query=last.query, batch=last.batch, log=tuple(log),
+        next_timer=TIMERS_UNKNOWN if pending else None, next_event_timer=None,
+    )  # fmt: skip

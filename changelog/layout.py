@@ -4,7 +4,9 @@ DynamoDB (one table per application, keys `pk`/`sk`):
 
     pk="app"          sk="meta"   slices, format, created_at
     pk="slice#00017"  sk="head"   version, query, batch, at, log, snaps, epoch, owner, claimed,
-                                  tp, te (when its next timers are due, if any)
+                                  tp, te (when its next timers are due, if any),
+                                  ch, from (the group chain its later versions are in)
+    pk="chain#<id>"   sk=...      a group's chain (`shardless.changelog.chain`)
 
 A slice's head is what is committed: restore stops at its version. `snaps` lists the
 retained snapshots (newest last), `log` where every version after the oldest of them
@@ -194,6 +196,11 @@ class Head:
     # checkpoint wakes slices by, since Spark's group state stays with the old one.
     next_timer: int | None = None
     next_event_timer: int | None = None
+    # The group chain that commits the slice's versions after `version`: its links at or
+    # after position `chain_from` that name the slice ("": none, every version is in
+    # `log`). See `shardless.changelog.chain`.
+    chain: str = ""
+    chain_from: int = 0
     # The `log` attribute exactly as stored (None: the item has none), which the next write
     # of the head is conditional on. Not part of the head's value.
     log_bytes: bytes | None = field(default=None, compare=False, repr=False)
@@ -320,6 +327,8 @@ def head_from_item(item: dict) -> Head:
         claimed_ms=_int(item, "claimed"),
         next_timer=int(item["tp"]["N"]) if "tp" in item else None,
         next_event_timer=int(item["te"]["N"]) if "te" in item else None,
+        chain=item["ch"]["S"] if "ch" in item else "",
+        chain_from=_int(item, "from"),
         log_bytes=log_bytes,
     )
 
@@ -344,6 +353,9 @@ def head_item(head: Head) -> dict[str, dict[str, Any]]:
     for name, due in (("tp", head.next_timer), ("te", head.next_event_timer)):
         if due is not None:
             item[name] = {"N": str(due)}
+    if head.chain:
+        item["ch"] = {"S": head.chain}
+        item["from"] = {"N": str(head.chain_from)}
     return item
 
 

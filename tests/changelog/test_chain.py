@@ -3,6 +3,8 @@ fold counts them; a link stays under 1 KB (2 transactional write units) at 512 s
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -18,9 +20,12 @@ from shardless.changelog.chain import (
     link_from_item,
     link_item,
     members,
+    resolve,
     versions,
 )
-from shardless.changelog.errors import CorruptObjectError
+from shardless.changelog.errors import ContinuityError, CorruptObjectError
+from shardless.changelog.layout import TIMERS_UNKNOWN, Head, LogEntry, head_from_item, head_item
+from shardless.changelog.segment import encode_segment, index_length
 
 
 @st.composite
@@ -155,3 +160,83 @@ def test_versions_refuse_a_chain_with_a_gap_and_start_where_asked() -> None:
     with pytest.raises(ValueError, match="chain positions jump from 2 to 4"):
         versions(0, [a, b, c], 0)
     assert [v for v, _ in versions(5, [a, b], 0, start=2)] == [6]
+
+
+def _chain_of(batches: list[dict[int, list]], within: SliceRange, group: int = 2):
+    """Links and segment indexes of `batches` ({slice: changes} each) committed on a chain
+    whose slices start at version 0."""
+    counts: dict[int, int] = {}
+    links, indexes = [], {}
+    for position, changed in enumerate(batches, start=1):
+        sections = []
+        for s in sorted(changed):
+            counts[s] = counts.get(s, 0) + 1
+            sections.append((s, counts[s], changed[s]))
+        raw, refs = encode_segment({"batch": position}, sections)
+        uid = f"{position:032x}"
+        indexes[uid] = refs
+        links.append(
+            Link(position, "query-2", 100 + position, uid, index_length(raw), len(raw),
+                 tuple(sorted(changed)), timers=tuple(s for s in sorted(changed) if s % 2))
+        )  # fmt: skip
+    return Genesis("c7", "query-2", 4, group, within, 0), links, indexes
+
+
+def test_resolve_extends_a_head_with_its_slices_versions_from_the_chain() -> None:
+    within = SliceRange(8, 4)
+    genesis, links, indexes = _chain_of(
+        [{8: [(b"a", b"1")], 9: [(b"b", b"2")]}, {9: [(b"b", None)]}, {8: [(b"c", b"3")]}],
+        within,
+    )
+    earlier = LogEntry(0, 40, 1, "e" * 32, 0, 10, 1, "query-1")
+    head = Head(9, 0, "query-1", 40, log=(earlier,), chain="c7", chain_from=1)
+    got = resolve(head, genesis, links, indexes)
+    assert [(e.version, e.batch, e.group, e.uid, e.query) for e in got.log] == [
+        (0, 40, 1, "e" * 32, "query-1"),
+        (1, 101, 2, links[0].uid, "query-2"),
+        (2, 102, 2, links[1].uid, "query-2"),
+    ]
+    assert (got.version, got.query, got.batch) == (2, "query-2", 102)
+    assert (got.chain, got.chain_from) == ("c7", 1)
+    assert got.next_timer == TIMERS_UNKNOWN  # slice 9 is odd: the helper gave it timers
+    for entry in got.log[1:]:
+        ref = next(r for r in indexes[entry.uid] if r.slice == 9)
+        assert (entry.offset, entry.length, entry.records) == (ref.offset, ref.length, 1)
+    eight = resolve(Head(8, 0, "", -1, chain="c7", chain_from=1), genesis, links, indexes)
+    assert [e.version for e in eight.log] == [1, 2] and eight.next_timer is None
+    # counted from position 2, slice 8's first version there would be 1: its section says 2
+    with pytest.raises(ContinuityError, match="position 3 .* should hold version 1, its"):
+        resolve(Head(8, 0, "", -1, chain="c7", chain_from=2), genesis, links, indexes)
+    # and a head that claims a version the chain does not follow from is refused the same
+    with pytest.raises(ContinuityError, match="slice 9: chain c7: position 1 .* version 6"):
+        resolve(replace(head, version=5), genesis, links, indexes)
+
+
+def test_resolve_leaves_a_head_without_a_chain_or_new_links_alone() -> None:
+    within = SliceRange(0, 4)
+    genesis, links, indexes = _chain_of([{1: [(b"a", b"1")]}], within)
+    plain = Head(1, 3, "q", 7)
+    assert resolve(plain, genesis, links, indexes) is plain
+    later = Head(1, 0, "q", 7, chain="c7", chain_from=2)
+    assert resolve(later, genesis, links, indexes) is later
+
+
+def test_resolve_refuses_a_lost_link_a_missing_section_and_a_foreign_chain() -> None:
+    within = SliceRange(0, 4)
+    genesis, links, indexes = _chain_of([{1: [(b"a", b"1")]}, {1: [(b"b", b"2")]}], within)
+    head = Head(1, 0, "", -1, chain="c7", chain_from=1)
+    with pytest.raises(ContinuityError, match="slice 1: chain c7: chain positions jump"):
+        resolve(head, genesis, [links[0], replace(links[1], position=3)], indexes)
+    with pytest.raises(ContinuityError, match="should hold version 1, its segment has no sec"):
+        resolve(head, genesis, links, {links[1].uid: indexes[links[1].uid]})
+    with pytest.raises(ContinuityError, match="the chain read is c8 over slices 0-3"):
+        resolve(head, replace(genesis, chain="c8"), links, indexes)
+    with pytest.raises(ContinuityError, match="over slices 4-7"):
+        resolve(head, replace(genesis, range=SliceRange(4, 4)), links, indexes)
+
+
+def test_a_head_naming_its_chain_round_trips_through_its_item() -> None:
+    head = Head(17, 4, "q", 9, epoch=2, owner="h:1", chain="c9", chain_from=12)
+    again = head_from_item(head_item(head))
+    assert again == head
+    assert head_from_item(head_item(replace(head, chain="", chain_from=0))).chain == ""
