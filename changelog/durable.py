@@ -32,6 +32,7 @@ from pathlib import Path
 from botocore.exceptions import ClientError
 
 from shardless.changelog import aws, fence
+from shardless.changelog.chain_reads import resolve_heads
 from shardless.changelog.errors import (
     CommitConflictError,
     CommitTooLateError,
@@ -178,20 +179,21 @@ class DurableState:
 
     def heads(self, slices: list[int]) -> dict[int, Head]:
         """Committed heads of `slices` (absent when a slice was never committed): one
-        BatchGetItem per 100 slices, sent together (up to `READ_THREADS`)."""
+        BatchGetItem per 100 slices, sent together (up to `READ_THREADS`); a head that
+        names a group chain comes back extended through it (`chain_reads`)."""
         chunks = [slices[i : i + _HEADS_PER_READ] for i in range(0, len(slices), _HEADS_PER_READ)]
         found: dict[int, Head] = {}
         if len(chunks) <= 1 or READ_THREADS <= 1:
             for chunk in chunks:
                 found.update(self._read_heads(chunk))
-            return found
+            return resolve_heads(self.loc, found)
         with ThreadPoolExecutor(
             min(len(chunks), READ_THREADS), thread_name_prefix="shardless-heads"
         ) as pool:
             futures = [pool.submit(self._read_heads, chunk) for chunk in chunks]
         for future in futures:  # every read has ended; the first failure is raised
             found.update(future.result())
-        return found
+        return resolve_heads(self.loc, found)
 
     def _read_heads(self, slices: list[int]) -> dict[int, Head]:
         """One BatchGetItem of up to 100 heads, asking again for what it leaves unprocessed."""
@@ -307,6 +309,8 @@ class DurableState:
                 log_bytes=encode_log(log),
                 next_timer=c.timers[0],
                 next_event_timer=c.timers[1],
+                chain="",  # its chain's versions are in `log` now
+                chain_from=0,
             )
             if owner is not None and old.owner != owner:
                 new = replace(new, epoch=old.epoch + 1, owner=owner, claimed_ms=now)
