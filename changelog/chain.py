@@ -2,7 +2,7 @@
 per batch in which the group changed something (docs/design/group-commits.md).
 
     pk="chain#<id>"  sk="genesis"          query, partitions, group, first, count, created
-    pk="chain#<id>"  sk="<position:012d>"  q, b, u, hl, n, sl, tp[, sp] (a link)
+    pk="chain#<id>"  sk="<position:012d>"  q, b, u, hl, n, sl, tp[, ss] (a link)
                                            or seal (nothing may follow)
 
 A link names its segment (uid, header-and-index length, byte length) and which slices of
@@ -15,12 +15,24 @@ Pure records and their items here; the reads and writes are in `durable`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import msgpack
+
 from shardless.changelog.errors import ContinuityError, CorruptObjectError
-from shardless.changelog.layout import TIMERS_UNKNOWN, Head, LogEntry, query_tag
+from shardless.changelog.layout import (
+    TIMERS_UNKNOWN,
+    AppLocation,
+    Head,
+    LogEntry,
+    SnapRef,
+    manifest_key,
+    next_history,
+    query_tag,
+)
 from shardless.changelog.segment import SectionRef
 
 GENESIS_SK = "genesis"
@@ -88,12 +100,26 @@ class Genesis:
 
 
 @dataclass(frozen=True)
-class PackRef:
-    """The snapshot pack a link's batch uploaded: which slices it holds."""
+class LinkSnapshot:
+    """A snapshot a link's batch took of one of its slices, at the version the slice had
+    before the batch: its manifest is `manifest_key(slice, that version, uid)`."""
 
-    key: str
+    slice: int
+    uid: str
     bytes: int
-    slices: tuple[int, ...]
+    files: int
+
+
+_MANIFEST_UID = re.compile(r"-([0-9a-f]{32})\.manifest$")
+
+
+def link_snapshot(ref: SnapRef, slice_id: int) -> LinkSnapshot:
+    """The short form of a snapshot reference a link keeps (its manifest key rebuilt from
+    the slice, version and uid); ValueError for a key not named by `manifest_key`."""
+    found = _MANIFEST_UID.search(ref.key)
+    if found is None:
+        raise ValueError(f"snapshot manifest key {ref.key!r} does not end in -<uid>.manifest")
+    return LinkSnapshot(slice_id, found.group(1), ref.bytes, ref.files)
 
 
 @dataclass(frozen=True)
@@ -108,7 +134,7 @@ class Link:
     length: int = 0  # bytes of the whole segment
     slices: tuple[int, ...] = ()  # changed by this batch, in order
     timers: tuple[int, ...] = ()  # of `slices`, those with timers pending after it
-    pack: PackRef | None = None
+    snapshots: tuple[LinkSnapshot, ...] = ()  # of `slices`, taken before the batch
     sealed_by: str = ""  # a seal: who took the chain's slices over
 
     @property
@@ -165,10 +191,12 @@ def link_item(chain: str, link: Link, within: SliceRange) -> dict[str, dict[str,
     }
     if link.timers:
         item["tp"] = {"B": bitmap(link.timers, within)}
-    if link.pack is not None:
-        item["sp"] = {"S": link.pack.key}
-        item["spn"] = {"N": str(link.pack.bytes)}
-        item["sps"] = {"B": bitmap(link.pack.slices, within)}
+    if link.snapshots:
+        if not {s.slice for s in link.snapshots} <= set(link.slices):
+            raise ValueError(f"snapshots of slices the link does not change: {link.snapshots}")
+        rows = [[s.slice - within.first, bytes.fromhex(s.uid), s.bytes, s.files]
+                for s in link.snapshots]  # fmt: skip
+        item["ss"] = {"B": msgpack.packb(rows, use_bin_type=True)}
     return item
 
 
@@ -179,10 +207,11 @@ def link_from_item(item: dict[str, Any], within: SliceRange) -> Link:
         position = int(item["sk"]["S"])
         if "seal" in item:
             return Link(position, sealed_by=item["seal"]["S"])
-        pack = None
-        if "sp" in item:
-            pack = PackRef(
-                item["sp"]["S"], int(item["spn"]["N"]), members(bytes(item["sps"]["B"]), within)
+        snapshots = ()
+        if "ss" in item:
+            snapshots = tuple(
+                LinkSnapshot(within.first + s, uid.hex(), n, files)
+                for s, uid, n, files in msgpack.unpackb(bytes(item["ss"]["B"]))
             )
         return Link(
             position=position,
@@ -193,9 +222,9 @@ def link_from_item(item: dict[str, Any], within: SliceRange) -> Link:
             length=int(item["n"]["N"]),
             slices=members(bytes(item["sl"]["B"]), within),
             timers=members(bytes(item["tp"]["B"]), within) if "tp" in item else (),
-            pack=pack,
+            snapshots=snapshots,
         )
-    except (KeyError, ValueError) as exc:
+    except (KeyError, ValueError, TypeError, msgpack.UnpackException) as exc:
         raise CorruptObjectError(f"{where}: unreadable ({exc!r})") from exc
 
 
@@ -224,14 +253,16 @@ def resolve(
     genesis: Genesis,
     links: Sequence[Link],
     indexes: Mapping[str, Sequence[SectionRef]],
+    loc: AppLocation,
+    keep_snapshots: int = 3,
 ) -> Head:
     """`head` as if each of its chain's versions had been committed into it: `version`,
-    `query`, `batch` and `log` extended from `links` (the chain from `head.chain_from` on,
-    in order) and the segments' section `indexes` (by uid). Every section must hold the
-    slice at the version counted for it: anything else is a lost or foreign link, refused
-    as a ContinuityError naming the slice and the chain rather than restored wrongly.
-    Timers pending after the last link are marked unknown (`TIMERS_UNKNOWN`): a link says
-    whether, not when."""
+    `query`, `batch`, `log` and `snaps` extended from `links` (the chain from
+    `head.chain_from` on, in order) and the segments' section `indexes` (by uid), trimmed as
+    a commit trims them (`next_history`). Every section must hold the slice at the version
+    counted for it: anything else is a lost or foreign link, refused as a ContinuityError
+    naming the slice and the chain rather than restored wrongly. Timers pending after the
+    last link are marked unknown (`TIMERS_UNKNOWN`): a link says whether, not when."""
     if not head.chain:
         return head
     where = f"slice {head.slice}: chain {head.chain}"
@@ -240,11 +271,13 @@ def resolve(
             f"{where}: the chain read is {genesis.chain} over slices {genesis.range.first}-"
             f"{genesis.range.first + genesis.range.count - 1}"
         )
-    log, last = list(head.log), None
     try:
         found = versions(head.version, links, head.slice, head.chain_from)
     except ValueError as exc:
         raise ContinuityError(f"{where}: {exc}") from exc
+    if not found:
+        return head
+    log, snaps = head.log, head.snaps
     for version, link in found:
         ref = next((r for r in indexes.get(link.uid, ()) if r.slice == head.slice), None)
         if ref is None or ref.version != version:
@@ -254,15 +287,21 @@ def resolve(
                 f"should hold version {version}, its segment has {got}"
             )
         tag = query_tag(link.query)
-        log.append(
-            LogEntry(version, link.batch, genesis.group, link.uid, ref.offset, ref.length,
-                     ref.records, tag)
-        )  # fmt: skip
-        last = link
-    if last is None:
-        return head
+        entry = LogEntry(version, link.batch, genesis.group, link.uid, ref.offset, ref.length,
+                         ref.records, tag)  # fmt: skip
+        snapshot = next((s for s in link.snapshots if s.slice == head.slice), None)
+        snap = None
+        if snapshot is not None:
+            before = next((e for e in log if e.version == version - 1), None)
+            snap = SnapRef(
+                version - 1, manifest_key(loc, head.slice, version - 1, snapshot.uid),
+                snapshot.bytes, snapshot.files,
+                before.batch if before else -1, before.query if before else "",
+            )  # fmt: skip
+        log, snaps = next_history(log, snaps, entry, snap, keep_snapshots)
+    last = found[-1][1]
     pending = head.slice in last.timers  # when they are due is in the slice's store
     return replace(
-        head, version=found[-1][0], query=last.query, batch=last.batch, log=tuple(log),
+        head, version=found[-1][0], query=last.query, batch=last.batch, log=log, snaps=snaps,
         next_timer=TIMERS_UNKNOWN if pending else None, next_event_timer=None,
     )  # fmt: skip

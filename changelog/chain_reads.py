@@ -88,7 +88,9 @@ def segment_indexes(
         return dict(p.map(fetch, todo))
 
 
-def resolve_heads(loc: AppLocation, heads: dict[int, Head]) -> dict[int, Head]:
+def resolve_heads(
+    loc: AppLocation, heads: dict[int, Head], keep_snapshots: int = 3
+) -> dict[int, Head]:
     """`heads` with those that name a chain extended through it; the rest as they are."""
     by_chain: dict[str, list[Head]] = {}
     for head in heads.values():
@@ -104,5 +106,5 @@ def resolve_heads(loc: AppLocation, heads: dict[int, Head]) -> dict[int, Head]:
             loc, genesis, (link for link in links if wanted.intersection(link.slices))
         )
         for head in named:
-            out[head.slice] = resolve(head, genesis, links, indexes)
+            out[head.slice] = resolve(head, genesis, links, indexes, loc, keep_snapshots)
     return out

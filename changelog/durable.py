@@ -186,14 +186,14 @@ class DurableState:
         if len(chunks) <= 1 or READ_THREADS <= 1:
             for chunk in chunks:
                 found.update(self._read_heads(chunk))
-            return resolve_heads(self.loc, found)
+            return resolve_heads(self.loc, found, self.keep_snapshots)
         with ThreadPoolExecutor(
             min(len(chunks), READ_THREADS), thread_name_prefix="shardless-heads"
         ) as pool:
             futures = [pool.submit(self._read_heads, chunk) for chunk in chunks]
         for future in futures:  # every read has ended; the first failure is raised
             found.update(future.result())
-        return resolve_heads(self.loc, found)
+        return resolve_heads(self.loc, found, self.keep_snapshots)
 
     def _read_heads(self, slices: list[int]) -> dict[int, Head]:
         """One BatchGetItem of up to 100 heads, asking again for what it leaves unprocessed."""

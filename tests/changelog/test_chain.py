@@ -12,20 +12,31 @@ from hypothesis import strategies as st
 from shardless.changelog.chain import (
     Genesis,
     Link,
-    PackRef,
+    LinkSnapshot,
     SliceRange,
     bitmap,
     genesis_from_item,
     genesis_item,
     link_from_item,
     link_item,
+    link_snapshot,
     members,
     resolve,
     versions,
 )
 from shardless.changelog.errors import ContinuityError, CorruptObjectError
-from shardless.changelog.layout import TIMERS_UNKNOWN, Head, LogEntry, head_from_item, head_item
+from shardless.changelog.layout import (
+    TIMERS_UNKNOWN,
+    AppLocation,
+    Head,
+    SnapRef,
+    head_from_item,
+    head_item,
+    manifest_key,
+)
 from shardless.changelog.segment import encode_segment, index_length
+
+LOC = AppLocation.default("chains")
 
 
 @st.composite
@@ -58,13 +69,12 @@ def links(draw: st.DrawFn, within: SliceRange) -> Link:
     slices = tuple(
         sorted(draw(st.sets(st.integers(within.first, within.first + within.count - 1))))
     )
-    pack = None
-    if draw(st.booleans()):
-        pack = PackRef(
-            draw(st.text(min_size=1, max_size=80)),
-            draw(st.integers(0, 2**40)),
-            tuple(sorted(draw(st.sets(st.sampled_from(slices))))) if slices else (),
-        )
+    snapped = tuple(sorted(draw(st.sets(st.sampled_from(slices))))) if slices else ()
+    snapshots = tuple(
+        LinkSnapshot(s, draw(st.binary(min_size=16, max_size=16)).hex(),
+                     draw(st.integers(0, 2**40)), draw(st.integers(0, 10**4)))
+        for s in snapped
+    )  # fmt: skip
     return Link(
         position=draw(st.integers(1, 10**9)),
         query=draw(st.text(min_size=1, max_size=36)),
@@ -74,7 +84,7 @@ def links(draw: st.DrawFn, within: SliceRange) -> Link:
         length=draw(st.integers(0, 2**32)),
         slices=slices,
         timers=tuple(sorted(draw(st.sets(st.sampled_from(slices))))) if slices else (),
-        pack=pack,
+        snapshots=snapshots,
     )
 
 
@@ -110,8 +120,8 @@ def test_genesis_reads_back_and_a_damaged_one_is_refused() -> None:
 
 
 def test_a_link_of_every_slice_of_a_4096_slice_group_fits_in_one_kilobyte() -> None:
-    """512 slices a group (4,096 slices, 8 groups), all changed, all with timers, and a
-    snapshot pack: the item bills 2 transactional write units, whatever the slice count."""
+    """512 slices a group (4,096 slices, 8 groups), all changed, all with timers, and the
+    16 snapshots due (every 32 versions): the item bills 2 transactional write units."""
     within = SliceRange(3584, 512)
     every = tuple(range(3584, 4096))
     link = Link(
@@ -123,9 +133,8 @@ def test_a_link_of_every_slice_of_a_4096_slice_group_fits_in_one_kilobyte() -> N
         length=2**30,
         slices=every,
         timers=every,
-        pack=PackRef("app/packs/000001000000/g00007-0123456789abcdef0123456789abcdef", 2**33,
-                     every[:32]),
-    )  # fmt: skip
+        snapshots=tuple(LinkSnapshot(s, "fedcba9876543210" * 2, 2**33, 400) for s in every[:16]),
+    )
     item = link_item("0123456789abcdef0123456789abcdef", link, within)
     size = sum(len(name) + len(next(iter(v.values()))) for name, v in item.items())
     assert size < 1024
@@ -188,37 +197,35 @@ def test_resolve_extends_a_head_with_its_slices_versions_from_the_chain() -> Non
         [{8: [(b"a", b"1")], 9: [(b"b", b"2")]}, {9: [(b"b", None)]}, {8: [(b"c", b"3")]}],
         within,
     )
-    earlier = LogEntry(0, 40, 1, "e" * 32, 0, 10, 1, "query-1")
-    head = Head(9, 0, "query-1", 40, log=(earlier,), chain="c7", chain_from=1)
-    got = resolve(head, genesis, links, indexes)
+    head = Head(9, 0, "query-1", 40, chain="c7", chain_from=1)
+    got = resolve(head, genesis, links, indexes, LOC)
     assert [(e.version, e.batch, e.group, e.uid, e.query) for e in got.log] == [
-        (0, 40, 1, "e" * 32, "query-1"),
         (1, 101, 2, links[0].uid, "query-2"),
         (2, 102, 2, links[1].uid, "query-2"),
     ]
     assert (got.version, got.query, got.batch) == (2, "query-2", 102)
     assert (got.chain, got.chain_from) == ("c7", 1)
     assert got.next_timer == TIMERS_UNKNOWN  # slice 9 is odd: the helper gave it timers
-    for entry in got.log[1:]:
+    for entry in got.log:
         ref = next(r for r in indexes[entry.uid] if r.slice == 9)
         assert (entry.offset, entry.length, entry.records) == (ref.offset, ref.length, 1)
-    eight = resolve(Head(8, 0, "", -1, chain="c7", chain_from=1), genesis, links, indexes)
+    eight = resolve(Head(8, 0, "", -1, chain="c7", chain_from=1), genesis, links, indexes, LOC)
     assert [e.version for e in eight.log] == [1, 2] and eight.next_timer is None
     # counted from position 2, slice 8's first version there would be 1: its section says 2
     with pytest.raises(ContinuityError, match="position 3 .* should hold version 1, its"):
-        resolve(Head(8, 0, "", -1, chain="c7", chain_from=2), genesis, links, indexes)
+        resolve(Head(8, 0, "", -1, chain="c7", chain_from=2), genesis, links, indexes, LOC)
     # and a head that claims a version the chain does not follow from is refused the same
     with pytest.raises(ContinuityError, match="slice 9: chain c7: position 1 .* version 6"):
-        resolve(replace(head, version=5), genesis, links, indexes)
+        resolve(replace(head, version=5), genesis, links, indexes, LOC)
 
 
 def test_resolve_leaves_a_head_without_a_chain_or_new_links_alone() -> None:
     within = SliceRange(0, 4)
     genesis, links, indexes = _chain_of([{1: [(b"a", b"1")]}], within)
     plain = Head(1, 3, "q", 7)
-    assert resolve(plain, genesis, links, indexes) is plain
+    assert resolve(plain, genesis, links, indexes, LOC) is plain
     later = Head(1, 0, "q", 7, chain="c7", chain_from=2)
-    assert resolve(later, genesis, links, indexes) is later
+    assert resolve(later, genesis, links, indexes, LOC) is later
 
 
 def test_resolve_refuses_a_lost_link_a_missing_section_and_a_foreign_chain() -> None:
@@ -226,13 +233,13 @@ def test_resolve_refuses_a_lost_link_a_missing_section_and_a_foreign_chain() -> 
     genesis, links, indexes = _chain_of([{1: [(b"a", b"1")]}, {1: [(b"b", b"2")]}], within)
     head = Head(1, 0, "", -1, chain="c7", chain_from=1)
     with pytest.raises(ContinuityError, match="slice 1: chain c7: chain positions jump"):
-        resolve(head, genesis, [links[0], replace(links[1], position=3)], indexes)
+        resolve(head, genesis, [links[0], replace(links[1], position=3)], indexes, LOC)
     with pytest.raises(ContinuityError, match="should hold version 1, its segment has no sec"):
-        resolve(head, genesis, links, {links[1].uid: indexes[links[1].uid]})
+        resolve(head, genesis, links, {links[1].uid: indexes[links[1].uid]}, LOC)
     with pytest.raises(ContinuityError, match="the chain read is c8 over slices 0-3"):
-        resolve(head, replace(genesis, chain="c8"), links, indexes)
+        resolve(head, replace(genesis, chain="c8"), links, indexes, LOC)
     with pytest.raises(ContinuityError, match="over slices 4-7"):
-        resolve(head, replace(genesis, range=SliceRange(4, 4)), links, indexes)
+        resolve(head, replace(genesis, range=SliceRange(4, 4)), links, indexes, LOC)
 
 
 def test_a_head_naming_its_chain_round_trips_through_its_item() -> None:
@@ -240,3 +247,30 @@ def test_a_head_naming_its_chain_round_trips_through_its_item() -> None:
     again = head_from_item(head_item(head))
     assert again == head
     assert head_from_item(head_item(replace(head, chain="", chain_from=0))).chain == ""
+
+
+def test_snapshots_in_links_become_the_heads_snapshots_trimmed_as_commits_trim_them() -> None:
+    within = SliceRange(0, 2)
+    genesis, links, indexes = _chain_of([{0: [(b"k", bytes([i]))]} for i in range(6)], within)
+    uids = [f"{i:032x}" for i in range(6)]
+    # the batches at positions 3, 4 and 6 snapshotted slice 0 (at versions 2, 3 and 5)
+    taken = {3: 0, 4: 1, 6: 2}
+    links = [
+        replace(link, snapshots=(LinkSnapshot(0, uids[taken[link.position]], 100, 2),))
+        if link.position in taken else link
+        for link in links
+    ]  # fmt: skip
+    got = resolve(Head(0, 0, "", -1, chain="c7", chain_from=1), genesis, links, indexes, LOC,
+                  keep_snapshots=2)  # fmt: skip
+    assert [(s.version, s.key, s.batch) for s in got.snaps] == [
+        (3, manifest_key(LOC, 0, 3, uids[1]), 103),
+        (5, manifest_key(LOC, 0, 5, uids[2]), 105),
+    ]
+    assert [e.version for e in got.log] == [4, 5, 6]  # only after the oldest kept snapshot
+
+
+def test_link_snapshot_keeps_the_uid_of_a_manifest_key() -> None:
+    ref = SnapRef(7, manifest_key(LOC, 3, 7, "ab" * 16), 10, 2)
+    assert link_snapshot(ref, 3) == LinkSnapshot(3, "ab" * 16, 10, 2)
+    with pytest.raises(ValueError, match="does not end in -<uid>.manifest"):
+        link_snapshot(SnapRef(7, "elsewhere/x.manifest", 10, 2), 3)
