@@ -33,8 +33,8 @@ from botocore.exceptions import ClientError
 
 from shardless.changelog import aws, fence
 from shardless.changelog.chain_reads import resolve_heads
+from shardless.changelog.chain_writes import ChainTip
 from shardless.changelog.errors import (
-    CommitConflictError,
     CommitTooLateError,
     CorruptObjectError,
     MissingObjectError,
@@ -42,13 +42,11 @@ from shardless.changelog.errors import (
 )
 from shardless.changelog.layout import (
     HEAD_SK,
-    TIMERS_UNKNOWN,
     AppLocation,
     Head,
     LogEntry,
     SnapRef,
     encode_log,
-    encode_snaps,
     head_condition,
     head_from_item,
     head_item,
@@ -60,7 +58,7 @@ from shardless.changelog.layout import (
     slice_pk,
 )
 from shardless.changelog.objects import get_bytes, missing
-from shardless.changelog.segment import decode_section, encode_segment
+from shardless.changelog.segment import SectionRef, decode_section, encode_segment
 from shardless.changelog.transactions import (
     NOT_LOST,
     HeadConflictError,
@@ -113,6 +111,27 @@ class SliceCommit:
 
 
 @dataclass(frozen=True)
+class Upload:
+    """A commit's segment, uploaded: what its DynamoDB write names and may take."""
+
+    uid: str
+    body: bytes
+    refs: list[SectionRef]
+    deadline: float  # time.monotonic() past which the commit must not go out
+    since_ms: int  # when its first upload began, on the wall clock (gc's horizon check)
+    started: float
+    encoded: float
+    stored: float
+
+    def took(self) -> dict[str, float]:
+        return {
+            "encode": self.encoded - self.started,
+            "s3": self.stored - self.encoded,
+            "dynamodb": time.perf_counter() - self.stored,
+        }
+
+
+@dataclass(frozen=True)
 class CommitResult:
     """The segment a commit wrote (its uid tags the local stores), the heads as written,
     and what it cost (`seconds` per step: encode, s3, dynamodb)."""
@@ -122,6 +141,7 @@ class CommitResult:
     transactions: int
     heads: dict[int, Head] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    tip: ChainTip | None = None  # the group's chain after a `commit_link`
 
 
 def section_range(entry: LogEntry) -> str:
@@ -277,43 +297,15 @@ class DurableState:
         """
         if not commits:
             return CommitResult("", 0, 0)
-        started = time.perf_counter()
-        uid = new_uid()
-        info = {"app": self.loc.app, "query": query, "batch": batch, "group": group}
-        body, refs = encode_segment(info, [(c.slice, c.version, c.changes) for c in commits])
-        encoded = time.perf_counter()
-        first_upload = min(time.monotonic(), uploads_since or math.inf)
-        deadline = first_upload + COMMIT_DEADLINE_S
-        since_ms = _now_ms() - math.ceil((time.monotonic() - first_upload) * 1000)
-        self._s3.put_object(
-            Bucket=self.loc.bucket, Key=segment_key(self.loc, batch, group, uid), Body=body
-        )
-        self._keep_locally(uid, body)
-        stored = time.perf_counter()
+        up = self.upload(query, batch, group, commits, uploads_since)
         now = _now_ms()
-        tag = query_tag(query)
         heads: dict[int, Head] = {}
         items = []
-        for c, ref in zip(commits, refs, strict=True):
-            entry = LogEntry(c.version, batch, group, uid, ref.offset, ref.length, ref.records, tag)
-            old = c.expected or Head(c.slice, 0, "", -1)
-            log, snaps = next_history(old.log, old.snaps, entry, c.snapshot, self.keep_snapshots)
-            new = replace(
-                old,
-                version=c.version,
-                query=query,
-                batch=batch,
-                log=log,
-                snaps=snaps,
-                at_ms=now,
-                log_bytes=encode_log(log),
-                next_timer=c.timers[0],
-                next_event_timer=c.timers[1],
-                chain="",  # its chain's versions are in `log` now
-                chain_from=0,
-            )
-            if owner is not None and old.owner != owner:
-                new = replace(new, epoch=old.epoch + 1, owner=owner, claimed_ms=now)
+        for c, ref in zip(commits, up.refs, strict=True):
+            new = self.next_head(c, ref, query, batch, group, up.uid, now)
+            new = replace(new, log_bytes=encode_log(new.log), chain="", chain_from=0)
+            if owner is not None and new.owner != owner:
+                new = replace(new, epoch=new.epoch + 1, owner=owner, claimed_ms=now)
             heads[c.slice] = new
             items.append(
                 {"Put": {"TableName": self.loc.table, "Item": head_item(new),
@@ -321,18 +313,45 @@ class DurableState:
             )  # fmt: skip
         slices = [c.slice for c in commits]
         what = f"batch {batch}: commit of slices"
-        done = self._transact(items, slices, what, uid, query, deadline, since_ms)
-        return CommitResult(
-            uid,
-            len(body),
-            done,
-            heads,
-            {
-                "encode": encoded - started,
-                "s3": stored - encoded,
-                "dynamodb": time.perf_counter() - stored,
-            },
+        done = self.transact(items, slices, what, up.uid, query, up.deadline, up.since_ms)
+        return CommitResult(up.uid, len(up.body), done, heads, up.took())
+
+    def upload(
+        self,
+        query: str,
+        batch: int,
+        group: int,
+        commits: list[SliceCommit],
+        uploads_since: float | None,
+    ) -> Upload:
+        """Encode and PUT a commit's segment (kept in the host's cache too)."""
+        started = time.perf_counter()
+        uid = new_uid()
+        info = {"app": self.loc.app, "query": query, "batch": batch, "group": group}
+        body, refs = encode_segment(info, [(c.slice, c.version, c.changes) for c in commits])
+        encoded = time.perf_counter()
+        first_upload = min(time.monotonic(), uploads_since or math.inf)
+        since_ms = _now_ms() - math.ceil((time.monotonic() - first_upload) * 1000)
+        self._s3.put_object(
+            Bucket=self.loc.bucket, Key=segment_key(self.loc, batch, group, uid), Body=body
         )
+        self._keep_locally(uid, body)
+        return Upload(uid, body, refs, first_upload + COMMIT_DEADLINE_S, since_ms,
+                       started, encoded, time.perf_counter())  # fmt: skip
+
+    def next_head(
+        self, c: SliceCommit, ref: SectionRef, query: str, batch: int, group: int, uid: str,
+        now: int,
+    ) -> Head:  # fmt: skip
+        """The slice's head once `c` is committed in segment `uid` at `ref`."""
+        entry = LogEntry(c.version, batch, group, uid, ref.offset, ref.length, ref.records,
+                         query_tag(query))  # fmt: skip
+        old = c.expected or Head(c.slice, 0, "", -1)
+        log, snaps = next_history(old.log, old.snaps, entry, c.snapshot, self.keep_snapshots)
+        return replace(
+            old, version=c.version, query=query, batch=batch, log=log, snaps=snaps, at_ms=now,
+            next_timer=c.timers[0], next_event_timer=c.timers[1],
+        )  # fmt: skip
 
     def _keep_locally(self, uid: str, body: bytes) -> None:
         """Keep a committed segment in the local cache; drop the oldest beyond the limit."""
@@ -352,7 +371,7 @@ class DurableState:
         except OSError:
             pass  # a cache: S3 has every segment
 
-    def _transact(
+    def transact(
         self,
         items: list[dict],
         slices: list[int],
@@ -373,7 +392,7 @@ class DurableState:
         chunks = transaction_chunks([item_bytes(next(iter(item.values()))) for item in items])
 
         def send(lo: int, hi: int) -> None:
-            self._send(items[lo:hi], slices[lo:hi], what, f"{uid}-{lo}", query, deadline, since_ms)
+            self.send(items[lo:hi], slices[lo:hi], what, f"{uid}-{lo}", query, deadline, since_ms)
 
         if len(chunks) == 1 or TRANSACTION_THREADS <= 1:
             for lo, hi in chunks:  # one at a time: the first failure stops the rest
@@ -387,7 +406,7 @@ class DurableState:
             raise combined_failure(failures, len(chunks), what)
         return len(chunks)
 
-    def _send(
+    def send(
         self,
         items: list[dict],
         slices: list[int],
@@ -443,35 +462,6 @@ class DurableState:
                 lost = lost or slices
                 raise HeadConflictError(lost_message(what, lost), lost) from exc
 
-    def install(self, slice_id: int, version: int, snapshot: SnapRef, query: str) -> None:
-        """Start a slice's history from a snapshot (a new state generation, written by a
-        tool); refused if the slice already has a committed head."""
-        try:
-            self._ddb.put_item(
-                TableName=self.loc.table,
-                Item={
-                    "pk": {"S": slice_pk(slice_id)},
-                    "sk": {"S": HEAD_SK},
-                    "version": {"N": str(version)},
-                    "query": {"S": query},
-                    "batch": {"N": "-1"},
-                    "log": {"B": encode_log(())},
-                    "snaps": {"B": encode_snaps((snapshot,))},
-                    "at": {"N": str(_now_ms())},
-                    "tp": {"N": str(TIMERS_UNKNOWN)},  # its timers are not known here
-                },
-                ConditionExpression="attribute_not_exists(pk) OR #v = :zero",
-                ExpressionAttributeNames={"#v": "version"},
-                ExpressionAttributeValues={":zero": {"N": "0"}},
-            )
-        except ClientError as exc:
-            if exc.response["Error"]["Code"] == "ConditionalCheckFailedException":
-                raise CommitConflictError(
-                    f"slice {slice_id} of {self.loc.app!r} already has committed state; "
-                    "write a new generation to an application without state"
-                ) from exc
-            raise
-
     def claim(self, heads: dict[int, Head | None], owner: str | None = None) -> dict[int, Head]:
         """Take ownership of slices: raise each one's epoch by one, conditional on the head
         read (`None`: never written). Returns the claimed heads; every write based on an
@@ -490,5 +480,5 @@ class DurableState:
                          **head_condition(head)}}
             )  # fmt: skip
         slices = sorted(heads)
-        self._transact(items, slices, "claim of slices", new_uid())
+        self.transact(items, slices, "claim of slices", new_uid())
         return claimed

@@ -23,16 +23,29 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shardless.changelog import resources
+from botocore.exceptions import ClientError
+
+from shardless.changelog import aws, resources
 from shardless.changelog.durable import DurableState
-from shardless.changelog.errors import ChangelogError
+from shardless.changelog.errors import ChangelogError, CommitConflictError
 from shardless.changelog.inspect import Digest, digest, opened
-from shardless.changelog.layout import AppLocation, Head, new_uid
+from shardless.changelog.layout import (
+    HEAD_SK,
+    TIMERS_UNKNOWN,
+    AppLocation,
+    Head,
+    SnapRef,
+    encode_log,
+    encode_snaps,
+    new_uid,
+    slice_pk,
+)
 from shardless.changelog.restore import identity, materialize
 from shardless.changelog.snapshot import write_snapshot
 from shardless.state.keys import owner
@@ -236,7 +249,7 @@ def _rewrite(
             store = stores[t]
             store.commit([], 1)
             ref, _, sent = write_snapshot(target, t, 1, store.checkpoint(scratch / f"ck-{t}"), None)
-            durable.install(t, 1, ref, query)
+            install(durable, t, 1, ref, query)
             back, _ = materialize(durable, durable.heads([t])[t], scratch / f"check-{t}", m)
             check = digest(back)
             back.close()
@@ -254,3 +267,36 @@ def _rewrite(
     finally:
         for store in stores.values():
             store.close()
+
+
+def install(
+    durable: DurableState, slice_id: int, version: int, snapshot: SnapRef, query: str
+) -> None:
+    """Start a slice's history from a snapshot (a new state generation); refused if the
+    slice already has a committed head."""
+    loc = durable.loc
+    try:
+        aws.client("dynamodb").put_item(
+            TableName=loc.table,
+            Item={
+                "pk": {"S": slice_pk(slice_id)},
+                "sk": {"S": HEAD_SK},
+                "version": {"N": str(version)},
+                "query": {"S": query},
+                "batch": {"N": "-1"},
+                "log": {"B": encode_log(())},
+                "snaps": {"B": encode_snaps((snapshot,))},
+                "at": {"N": str(int(time.time() * 1000))},
+                "tp": {"N": str(TIMERS_UNKNOWN)},  # its timers are not known here
+            },
+            ConditionExpression="attribute_not_exists(pk) OR #v = :zero",
+            ExpressionAttributeNames={"#v": "version"},
+            ExpressionAttributeValues={":zero": {"N": "0"}},
+        )
+    except ClientError as exc:
+        if exc.response["Error"]["Code"] == "ConditionalCheckFailedException":
+            raise CommitConflictError(
+                f"slice {slice_id} of {loc.app!r} already has committed state; "
+                "write a new generation to an application without state"
+            ) from exc
+        raise

@@ -1,0 +1,110 @@
+"""Commits through group chains: a group's batch as one link, and the takeover that makes a
+chain commit a slice (docs/design/group-commits.md).
+
+One link per group and batch, in one transaction with the query's fence check, whatever
+the group's slice count: 2 write units for the link (under 1 KB) and 2 read units for the
+check. A slice's head is written only when a chain takes it over.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from shardless.changelog.chain import Link, link_item, link_snapshot
+from shardless.changelog.chain_writes import ChainTip, read_link, seal
+from shardless.changelog.durable import CommitResult, DurableState, SliceCommit
+from shardless.changelog.layout import Head, encode_log, head_condition, head_item, new_uid
+from shardless.changelog.segment import index_length
+from shardless.changelog.transactions import HeadConflictError
+
+
+class PositionTakenError(HeadConflictError):
+    """A group's link lost its chain position to another writer; `found` is what is there
+    (another attempt's link, or a seal)."""
+
+    def __init__(self, message: str, slices: list[int], found: Link | None) -> None:
+        super().__init__(message, slices)
+        self.found = found
+
+
+def commit_link(
+    durable: DurableState,
+    query: str,
+    batch: int,
+    tip: ChainTip,
+    commits: list[SliceCommit],
+    uploads_since: float | None = None,
+) -> CommitResult:
+    """Persist the changes of a group's slices as one link at the next position of the
+    group's chain: one S3 segment, then one transaction of the link (on that position
+    being free) and the query's fence check, whatever the slice count. The heads
+    returned are the slices' heads as read through the chain after the link (nothing
+    is written to them). Raises PositionTakenError naming what holds the position.
+    `uploads_since` as in `commit`."""
+    if not commits:
+        return CommitResult("", 0, 0, tip=tip)
+    commits = sorted(commits, key=lambda c: c.slice)
+    up = durable.upload(query, batch, tip.genesis.group, commits, uploads_since)
+    slices = [c.slice for c in commits]
+    link = Link(
+        tip.position + 1, query, batch, up.uid, index_length(up.body), len(up.body),
+        tuple(slices), tuple(c.slice for c in commits if c.timers != (None, None)),
+        tuple(link_snapshot(c.snapshot, c.slice) for c in commits if c.snapshot),
+    )  # fmt: skip
+    item = {"Put": {"TableName": durable.loc.table,
+                    "Item": link_item(tip.chain, link, tip.genesis.range),
+                    "ConditionExpression": "attribute_not_exists(pk)"}}  # fmt: skip
+    what = f"batch {batch}: link {link.position} of chain {tip.chain} for slices"
+    try:
+        durable.send([item], [slices[0]], what, f"{up.uid}-0", query, up.deadline, up.since_ms)
+    except HeadConflictError as exc:
+        found = read_link(durable.loc, tip.genesis, link.position)
+        taken = "a seal" if found and found.sealed else (
+            f"batch {found.batch} of query {found.query}" if found else "nothing now"
+        )  # fmt: skip
+        raise PositionTakenError(
+            f"{what} {slices}: the position holds {taken}", slices, found
+        ) from exc
+    heads = {  # as a read through the chain gives them: the stored head's time (a link has none)
+        c.slice: durable.next_head(c, ref, query, batch, tip.genesis.group, up.uid,
+                                   c.expected.at_ms if c.expected else 0)
+        for c, ref in zip(commits, up.refs, strict=True)
+    }  # fmt: skip
+    return CommitResult(up.uid, len(up.body), 1, heads, up.took(), tip.after(link))
+
+
+def take_over(
+    durable: DurableState, heads: dict[int, Head | None], tip: ChainTip, owner: str, query: str
+) -> dict[int, Head]:
+    """Make `tip`'s chain commit the slices of `heads` (read through their chains) from
+    its next position: seal every other chain they name, read them again (a link may
+    have landed before the seal), and write each head whole with its versions in its
+    own log, conditional on the head read, with the query's fence check. Returns the
+    heads as written. Raises HeadConflictError when another writer changed one."""
+    foreign = sorted(
+        {h.chain for h in heads.values() if h is not None and h.chain and h.chain != tip.chain}
+    )
+    for chain in foreign:
+        seal(durable.loc, chain, owner)
+    if foreign:
+        again = durable.heads([s for s, h in heads.items() if h is not None and h.chain in foreign])
+        heads = {**heads, **again}
+    now = int(time.time() * 1000)
+    taken: dict[int, Head] = {}
+    items = []
+    for s, head in sorted(heads.items()):
+        old = head or Head(s, 0, "", -1)
+        new = replace(
+            old, epoch=old.epoch + 1, owner=owner, claimed_ms=now, chain=tip.chain,
+            chain_from=tip.position + 1,
+            log_bytes=encode_log(old.log) if old.log or old.log_bytes is not None else None,
+        )  # fmt: skip
+        taken[s] = new
+        items.append(
+            {"Put": {"TableName": durable.loc.table, "Item": head_item(new),
+                     **head_condition(head)}}
+        )  # fmt: skip
+    if items:
+        durable.transact(items, sorted(taken), "takeover of slices", new_uid(), query)
+    return taken
