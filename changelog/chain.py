@@ -1,7 +1,8 @@
 """A group's chain: the append-only DynamoDB items that commit a group's batches, one item
 per batch in which the group changed something (docs/design/group-commits.md).
 
-    pk="chain#<id>"  sk="genesis"          query, partitions, group, first, count, created
+    pk="chain#<id>"  sk="genesis"          query, partitions, group, first, count, created,
+                                           keep (snapshots a head keeps)
     pk="chain#<id>"  sk="<position:012d>"  q, b, u, hl, n, sl, tp[, ss] (a link)
                                            or seal (nothing may follow)
 
@@ -97,6 +98,7 @@ class Genesis:
     group: int
     range: SliceRange
     created_ms: int
+    keep_snapshots: int = 3  # how many snapshots a slice's head keeps (`next_history`)
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,7 @@ def genesis_item(g: Genesis) -> dict[str, dict[str, Any]]:
         "first": {"N": str(g.range.first)},
         "count": {"N": str(g.range.count)},
         "created": {"N": str(g.created_ms)},
+        "keep": {"N": str(g.keep_snapshots)},
     }
 
 
@@ -165,6 +168,7 @@ def genesis_from_item(item: dict[str, Any]) -> Genesis:
             group=int(item["group"]["N"]),
             range=SliceRange(int(item["first"]["N"]), int(item["count"]["N"])),
             created_ms=int(item["created"]["N"]),
+            keep_snapshots=int(item["keep"]["N"]),
         )
     except (KeyError, ValueError) as exc:
         raise CorruptObjectError(f"{where}: unreadable ({exc!r})") from exc
@@ -254,14 +258,14 @@ def resolve(
     links: Sequence[Link],
     indexes: Mapping[str, Sequence[SectionRef]],
     loc: AppLocation,
-    keep_snapshots: int = 3,
 ) -> Head:
     """`head` as if each of its chain's versions had been committed into it: `version`,
     `query`, `batch`, `log` and `snaps` extended from `links` (the chain from
     `head.chain_from` on, in order) and the segments' section `indexes` (by uid), trimmed as
-    a commit trims them (`next_history`). Every section must hold the slice at the version
-    counted for it: anything else is a lost or foreign link, refused as a ContinuityError
-    naming the slice and the chain rather than restored wrongly. Timers pending after the
+    a commit trims them (`next_history`, with the chain's retention). Every section must
+    hold the slice at the version counted for it: anything else is a lost or foreign link,
+    refused as a ContinuityError naming the slice and the chain rather than restored
+    wrongly. Timers pending after the
     last link are marked unknown (`TIMERS_UNKNOWN`): a link says whether, not when."""
     if not head.chain:
         return head
@@ -298,7 +302,7 @@ def resolve(
                 snapshot.bytes, snapshot.files,
                 before.batch if before else -1, before.query if before else "",
             )  # fmt: skip
-        log, snaps = next_history(log, snaps, entry, snap, keep_snapshots)
+        log, snaps = next_history(log, snaps, entry, snap, genesis.keep_snapshots)
     last = found[-1][1]
     pending = head.slice in last.timers  # when they are due is in the slice's store
     return replace(

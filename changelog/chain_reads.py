@@ -30,11 +30,9 @@ from shardless.changelog.segment import SectionRef, decode_index
 INDEX_THREADS = 8  # segment indexes fetched together
 
 
-def read_chain(loc: AppLocation, chain: str, start: int = 1) -> tuple[Genesis, list[Link]]:
-    """A chain's genesis and its links from position `start` on, in order.
-    ContinuityError when the chain has no genesis (deleted, or never written)."""
-    ddb = aws.client("dynamodb")
-    out = ddb.get_item(
+def read_genesis(loc: AppLocation, chain: str) -> Genesis:
+    """Who writes `chain`; ContinuityError when it has no genesis (deleted, never written)."""
+    out = aws.client("dynamodb").get_item(
         TableName=loc.table,
         Key={"pk": {"S": chain_pk(chain)}, "sk": {"S": GENESIS_SK}},
         ConsistentRead=True,
@@ -44,7 +42,14 @@ def read_chain(loc: AppLocation, chain: str, start: int = 1) -> tuple[Genesis, l
             f"chain {chain} has no genesis item in DynamoDB table {loc.table} "
             f"({aws.where('dynamodb')}): a head names a chain that is gone"
         )
-    genesis = genesis_from_item(out["Item"])
+    return genesis_from_item(out["Item"])
+
+
+def read_chain(loc: AppLocation, chain: str, start: int = 1) -> tuple[Genesis, list[Link]]:
+    """A chain's genesis and its links from position `start` on, in order.
+    ContinuityError when the chain has no genesis (deleted, or never written)."""
+    ddb = aws.client("dynamodb")
+    genesis = read_genesis(loc, chain)
     links: list[Link] = []
     request = {
         "TableName": loc.table,
@@ -88,9 +93,7 @@ def segment_indexes(
         return dict(p.map(fetch, todo))
 
 
-def resolve_heads(
-    loc: AppLocation, heads: dict[int, Head], keep_snapshots: int = 3
-) -> dict[int, Head]:
+def resolve_heads(loc: AppLocation, heads: dict[int, Head]) -> dict[int, Head]:
     """`heads` with those that name a chain extended through it; the rest as they are."""
     by_chain: dict[str, list[Head]] = {}
     for head in heads.values():
@@ -106,5 +109,5 @@ def resolve_heads(
             loc, genesis, (link for link in links if wanted.intersection(link.slices))
         )
         for head in named:
-            out[head.slice] = resolve(head, genesis, links, indexes, loc, keep_snapshots)
+            out[head.slice] = resolve(head, genesis, links, indexes, loc)
     return out

@@ -25,7 +25,7 @@ from shardless.changelog.chain import (
     link_item,
     position_sk,
 )
-from shardless.changelog.chain_reads import read_chain
+from shardless.changelog.chain_reads import read_genesis
 from shardless.changelog.errors import CommitConflictError, ContinuityError
 from shardless.changelog.layout import AppLocation, new_uid
 
@@ -57,10 +57,17 @@ class ChainSealedError(CommitConflictError):
 
 
 def create_chain(
-    loc: AppLocation, query: str, partitions: int, group: int, within: SliceRange
+    loc: AppLocation,
+    query: str,
+    partitions: int,
+    group: int,
+    within: SliceRange,
+    keep_snapshots: int = 3,
 ) -> ChainTip:
     """A new chain for `group` of `query` (a fresh id: nobody else can write it yet)."""
-    genesis = Genesis(new_uid(), query, partitions, group, within, int(time.time() * 1000))
+    genesis = Genesis(
+        new_uid(), query, partitions, group, within, int(time.time() * 1000), keep_snapshots
+    )
     aws.client("dynamodb").put_item(
         TableName=loc.table,
         Item=genesis_item(genesis),
@@ -102,7 +109,7 @@ def seal(loc: AppLocation, chain: str, by: str) -> ChainTip:
     """End `chain`: write a seal at its next free position (a link that lands first moves
     the seal one further). Idempotent: a chain sealed already is left as it is. Returns
     the sealed tip: the chain's extent is final."""
-    genesis, _ = read_chain(loc, chain, start=10**11)  # the genesis only
+    genesis = read_genesis(loc, chain)
     tip = find_tip(loc, genesis)
     for _ in range(_SEAL_ATTEMPTS):
         if tip.sealed:

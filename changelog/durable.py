@@ -19,7 +19,6 @@ behind, cannot land a commit even on heads it read after the takeover. Each tran
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import random
@@ -31,9 +30,9 @@ from pathlib import Path
 
 from botocore.exceptions import ClientError
 
-from shardless.changelog import aws, fence
+from shardless.changelog import aws, fence, segment_cache
 from shardless.changelog.chain_reads import resolve_heads
-from shardless.changelog.chain_writes import ChainTip
+from shardless.changelog.chain_writes import ChainTip, seal
 from shardless.changelog.errors import (
     CommitTooLateError,
     CorruptObjectError,
@@ -87,7 +86,6 @@ READ_THREADS = 8
 # request); they are asked for again after a jittered, growing pause, this many rounds.
 UNPROCESSED_ROUNDS = 10
 UNPROCESSED_PAUSE_S = 0.05  # the first pause is up to this long, then doubling, at most 2 s
-SEGMENT_CACHE_FILES = 64  # newest segments kept on local disk for other workers of the host
 # A commit refuses to reference uploads (its segment, the batch's snapshots) older than
 # this: gc beside a running job deletes unreferenced objects only past a grace at least
 # twice as long (`shardless.changelog.gc.RUNNING_GRACE_S`), so a stalled task cannot commit a
@@ -166,7 +164,7 @@ def _unprocessed_pause_s(attempt: int) -> float:
 
 class DurableState:
     """An application's durable state. With `segment_cache`, a directory on local disk,
-    committed segments are also kept there (the newest `SEGMENT_CACHE_FILES`), and
+    committed segments are also kept there (`segment_cache`), and
     `read_changes` reads from it first: another worker process of the same host that
     catches up a slice then reads no S3."""
 
@@ -206,14 +204,14 @@ class DurableState:
         if len(chunks) <= 1 or READ_THREADS <= 1:
             for chunk in chunks:
                 found.update(self._read_heads(chunk))
-            return resolve_heads(self.loc, found, self.keep_snapshots)
+            return resolve_heads(self.loc, found)
         with ThreadPoolExecutor(
             min(len(chunks), READ_THREADS), thread_name_prefix="shardless-heads"
         ) as pool:
             futures = [pool.submit(self._read_heads, chunk) for chunk in chunks]
         for future in futures:  # every read has ended; the first failure is raised
             found.update(future.result())
-        return resolve_heads(self.loc, found, self.keep_snapshots)
+        return resolve_heads(self.loc, found)
 
     def _read_heads(self, slices: list[int]) -> dict[int, Head]:
         """One BatchGetItem of up to 100 heads, asking again for what it leaves unprocessed."""
@@ -240,19 +238,18 @@ class DurableState:
     def cached(self, entry: LogEntry) -> bool:
         """Whether `entry`'s segment is in the host's segment cache (it may still turn out
         damaged: `read_changes` then reads S3)."""
-        return (
-            self.segment_cache is not None and (self.segment_cache / f"{entry.uid}.seg").is_file()
-        )
+        cache = self.segment_cache
+        return cache is not None and segment_cache.path(cache, entry.uid).is_file()
 
     def read_changes(self, slice_id: int, entry: LogEntry) -> list[Change]:
         """Fetch and verify one slice's section of a segment by byte range (from the local
         segment cache when it has the segment)."""
         if self.segment_cache is not None:
-            local = self.segment_cache / f"{entry.uid}.seg"
+            local = segment_cache.path(self.segment_cache, entry.uid)
             try:
-                with local.open("rb") as f:
-                    f.seek(entry.offset)
-                    raw = f.read(entry.length)
+                raw = segment_cache.read_range(
+                    self.segment_cache, entry.uid, entry.offset, entry.length
+                )
                 return decode_section(
                     raw,
                     slice_id=slice_id,
@@ -297,6 +294,7 @@ class DurableState:
         """
         if not commits:
             return CommitResult("", 0, 0)
+        self.off_chains({c.slice: c.expected for c in commits}, owner or owner_name())
         up = self.upload(query, batch, group, commits, uploads_since)
         now = _now_ms()
         heads: dict[int, Head] = {}
@@ -335,7 +333,8 @@ class DurableState:
         self._s3.put_object(
             Bucket=self.loc.bucket, Key=segment_key(self.loc, batch, group, uid), Body=body
         )
-        self._keep_locally(uid, body)
+        if self.segment_cache is not None:
+            segment_cache.keep(self.segment_cache, uid, body)
         return Upload(uid, body, refs, first_upload + COMMIT_DEADLINE_S, since_ms,
                        started, encoded, time.perf_counter())  # fmt: skip
 
@@ -352,24 +351,6 @@ class DurableState:
             old, version=c.version, query=query, batch=batch, log=log, snaps=snaps, at_ms=now,
             next_timer=c.timers[0], next_event_timer=c.timers[1],
         )  # fmt: skip
-
-    def _keep_locally(self, uid: str, body: bytes) -> None:
-        """Keep a committed segment in the local cache; drop the oldest beyond the limit."""
-        if self.segment_cache is None:
-            return
-        try:
-            self.segment_cache.mkdir(parents=True, exist_ok=True)
-            tmp = self.segment_cache / f".{uid}.tmp"
-            tmp.write_bytes(body)
-            os.replace(tmp, self.segment_cache / f"{uid}.seg")
-            files = list(self.segment_cache.glob("*.seg"))
-            if len(files) > SEGMENT_CACHE_FILES:
-                by_age = sorted(files, key=lambda f: f.stat().st_mtime)
-                for f in by_age[: len(files) - SEGMENT_CACHE_FILES]:
-                    with contextlib.suppress(OSError):
-                        f.unlink()
-        except OSError:
-            pass  # a cache: S3 has every segment
 
     def transact(
         self,
@@ -468,12 +449,15 @@ class DurableState:
         older head fails from now on. Raises CommitConflictError when another writer
         changed a head in between."""
         owner = owner or owner_name()
+        heads = {**heads, **self.off_chains(heads, owner)}
         now = _now_ms()
         claimed: dict[int, Head] = {}
         items = []
         for s, head in sorted(heads.items()):
             old = head or Head(s, 0, "", -1)
             new = replace(old, epoch=old.epoch + 1, owner=owner, claimed_ms=now)
+            if old.chain:  # its versions in its own log from now on
+                new = replace(new, chain="", chain_from=0, log_bytes=encode_log(old.log))
             claimed[s] = new
             items.append(
                 {"Put": {"TableName": self.loc.table, "Item": head_item(new),
@@ -482,3 +466,21 @@ class DurableState:
         slices = sorted(heads)
         self.transact(items, slices, "claim of slices", new_uid())
         return claimed
+
+    def off_chains(self, heads: dict[int, Head | None], owner: str) -> dict[int, Head]:
+        """Before heads read through group chains are written whole (by a per-slice commit
+        or a claim): seal the chains they name, so nothing more lands there unseen, and
+        read them again. Raises HeadConflictError naming the slices whose chain committed
+        a version after they were read."""
+        named = {s: h for s, h in heads.items() if h is not None and h.chain}
+        if not named:
+            return {}
+        for chain in sorted({h.chain for h in named.values()}):
+            seal(self.loc, chain, owner)
+        again = self.heads(sorted(named))
+        moved = [
+            s for s, h in named.items() if (again[s].version, again[s].log) != (h.version, h.log)
+        ]
+        if moved:
+            raise HeadConflictError(lost_message("heads of slices", moved), moved)
+        return again

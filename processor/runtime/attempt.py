@@ -21,7 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from shardless.changelog import fence
-from shardless.changelog.durable import DurableState, HeadConflictError, SliceCommit
+from shardless.changelog.chain_commits import PositionTakenError, commit_link
+from shardless.changelog.chain_writes import ChainTip
+from shardless.changelog.durable import (
+    CommitResult,
+    DurableState,
+    HeadConflictError,
+    SliceCommit,
+)
 from shardless.changelog.layout import Head, SnapRef, new_uid, snapshot_due
 from shardless.changelog.snapshot import snapshot_pool, upload_checkpoint
 from shardless.changelog.transfer_process import transfer_process
@@ -29,6 +36,7 @@ from shardless.processor.api.handlers import HandlerFactory, handler_for
 from shardless.processor.errors import ProcessorError
 from shardless.processor.runtime.config import Pending, RuntimeConfig
 from shardless.processor.runtime.dead_letter import DeadLetter, target
+from shardless.processor.runtime.group_chain import adopt, find_chain, join
 from shardless.processor.runtime.grouping import slices_of_key
 from shardless.processor.runtime.records import GroupInput
 from shardless.processor.runtime.slice_runner import run_slice
@@ -94,10 +102,13 @@ class Attempt:
         self.deltas: list[tuple[list, list]] = []
         self.letters: list[DeadLetter] = []
         self.done: Any = None
+        self.tip: ChainTip | None = None  # the group's chain, with commit_format "chains"
         self._clock = time.perf_counter()
 
     def run(self, trust_known: bool = True) -> tuple[list[tuple], dict[str, Any], Pending]:
         self.read_heads(trust_known)
+        if self.cfg.commit_format == "chains":
+            self.join_chain(trust_known)
         self.restore()
         self.checkpoint_snapshots()
         self.process()
@@ -132,6 +143,26 @@ class Attempt:
             _plan(s, self.heads.get(s), self.query, self.batch, self.group) for s in slices
         ]
         self._lap("heads")
+
+    def join_chain(self, trust_known: bool) -> None:
+        """The group's chain (`group_chain`), and the batch's slices taken over into it."""
+        tip = self.cache.known_tip(self.group, self.query, self.batch) if trust_known else None
+        if tip is None:
+            tip = find_chain(self.durable, self.cfg, self.group, self.query, self.heads)
+        try:
+            taken = join(self.durable, tip, self.heads, self.slices, self.cache.owner, self.query)
+        except HeadConflictError as exc:
+            if set(exc.slices) & set(self.known):
+                raise StaleHeads(str(exc)) from exc
+            raise
+        if taken:
+            self.heads.update(taken)
+            self.plans = [
+                _plan(s, self.heads.get(s), self.query, self.batch, self.group) for s in self.slices
+            ]
+        self.tip = tip
+        self.metrics["heads_taken"] = len(taken)
+        self._lap("chain")
 
     def restore(self) -> None:
         """Each slice's local store at the version it starts from (restored if need be)."""
@@ -224,10 +255,15 @@ class Attempt:
             if self.query in fence.fenced(loc):
                 raise fence.fenced_error(loc, self.query, f"group {self.group} batch {self.batch}")
         try:
-            self.done = self.durable.commit(
-                self.query, self.batch, self.group, self.commits,
-                owner=self.cache.owner, uploads_since=self.uploads_since,
-            )  # fmt: skip
+            if self.tip is not None:
+                self.done = self._commit_link(self.tip)
+            else:
+                self.done = self.durable.commit(
+                    self.query, self.batch, self.group, self.commits,
+                    owner=self.cache.owner, uploads_since=self.uploads_since,
+                )  # fmt: skip
+        except PositionTakenError as exc:
+            raise StaleHeads(str(exc)) from exc  # another attempt, or a seal: read afresh
         except HeadConflictError as exc:
             if set(exc.slices) & set(self.known):
                 raise StaleHeads(str(exc)) from exc
@@ -237,6 +273,27 @@ class Attempt:
         self._clock = time.perf_counter()
         self.metrics["segment_bytes"] = self.done.bytes
         self.metrics["transactions"] = self.done.transactions
+
+    def _commit_link(self, tip: ChainTip) -> CommitResult:
+        """The batch as one link of the group's chain; or, when the chain's newest link is
+        this very batch (Spark runs it again), that link's changes adopted, not replaced."""
+        last = tip.last
+        if last is not None and not last.sealed and last.query == self.query:
+            if last.batch == self.batch:
+                self.commits, self.deltas = adopt(
+                    self.durable, last, self.commits, self.heads, self.stores
+                )
+                heads = {c.slice: c.expected for c in self.commits if c.expected is not None}
+                return CommitResult(last.uid, 0, 0, heads, tip=tip)
+            if last.batch > self.batch:
+                raise ProcessorError(
+                    f"group {self.group}: chain {tip.chain} holds batch {last.batch} of this "
+                    f"query, but Spark is running batch {self.batch}; the checkpoint is "
+                    "older than the state"
+                )
+        return commit_link(
+            self.durable, self.query, self.batch, tip, self.commits, self.uploads_since
+        )
 
     def commit_locally(self) -> None:
         """The committed changes applied to the local stores, with their undo records."""
@@ -255,6 +312,8 @@ class Attempt:
         """The heads after this batch, for this host's next batch of the group."""
         heads = {s: self.done.heads.get(s, self.stores[s][1]) for s in self.slices}
         self.cache.remember(self.group, self.query, self.batch, heads)
+        if self.tip is not None:
+            self.cache.remember_tip(self.group, self.query, self.batch, self.done.tip or self.tip)
         self._lap("remember")
 
 

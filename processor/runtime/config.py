@@ -42,6 +42,9 @@ class RuntimeConfig:
     # the shuffle partitions the job laid its group keys out for: a group then refuses
     # slices outside its range (None: no check, for callers without Spark)
     partitions: int | None = None
+    # "heads": a batch writes the head of every slice it changed; "chains": one link per
+    # group and batch (docs/design/group-commits.md), while it is proven
+    commit_format: str = "heads"
 
     def dead_letter_target(self) -> str:
         return self.dead_letter or f"s3://{self.location.bucket}/{self.location.prefix}/dead-letter"

@@ -33,12 +33,14 @@ import resource
 import uuid
 import weakref
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
 import msgpack
 
+from shardless.changelog.chain_writes import ChainTip
 from shardless.changelog.durable import DurableState, owner_name
-from shardless.changelog.layout import Head, head_from_item, head_item
+from shardless.changelog.layout import Head, decode_log, encode_log, head_from_item, head_item
 from shardless.changelog.restore import identity, plan, restore, restore_many
 from shardless.changelog.restore_jobs import Progress, RestoreJob, RestoreStats
 from shardless.processor.runtime.local_dirs import private_dir
@@ -81,6 +83,7 @@ class StoreCache:
         # slice -> (its head, and the query and batch after which it was current)
         self._heads: dict[int, tuple[Head | None, str, int]] = {}
         self._groups: dict[int, set[int]] = {}  # group -> the slices seen in it
+        self._tips: dict[int, tuple[ChainTip, str, int]] = {}  # group -> its chain, query, batch
         self.owner = f"{owner_name()}:{uuid.uuid4().hex[:8]}"
         self.segments = self.root / "segments"
         self._hints = self.root / "hints"
@@ -210,8 +213,20 @@ class StoreCache:
             self._heads[s] = (head, query, batch)
         self._write_hint(group, query, batch, current)
 
+    def known_tip(self, group: int, query: str, batch: int) -> ChainTip | None:
+        """The group's chain as this process left it after the batch before (or this one:
+        Spark runs it again); None: find it through the heads."""
+        found = self._tips.get(group)
+        if found is not None and (found[1], found[2]) in ((query, batch - 1), (query, batch)):
+            return found[0]
+        return None
+
+    def remember_tip(self, group: int, query: str, batch: int, tip: ChainTip) -> None:
+        self._tips[group] = (tip, query, batch)
+
     def forget(self, group: int) -> None:
         """A run of `group` failed, perhaps half-committed: read its heads afresh next time."""
+        self._tips.pop(group, None)
         for s in self._groups.get(group, ()):
             self._heads.pop(s, None)
         with contextlib.suppress(OSError):
@@ -224,13 +239,18 @@ class StoreCache:
             store.close()
         self._open.clear()
         self._epochs.clear()
+        self._tips.clear()
         self._heads.clear()
         self._groups.clear()
 
     def _write_hint(
         self, group: int, query: str, batch: int, heads: dict[int, Head | None]
     ) -> None:
-        items = {s: None if h is None else head_item(h) for s, h in heads.items()}
+        # a head read through its chain: its log as read, beside the stored one it is
+        # conditional on (`head_item` writes the stored one)
+        items = {
+            s: None if h is None else [head_item(h), encode_log(h.log)] for s, h in heads.items()
+        }
         body = msgpack.packb([query, batch, items], use_bin_type=True)
         try:
             self._hints.mkdir(parents=True, exist_ok=True)
@@ -244,7 +264,10 @@ class StoreCache:
         try:
             raw = (self._hints / f"g{group}.msgpack").read_bytes()
             query, batch, items = msgpack.unpackb(raw, raw=False, strict_map_key=False)
-            heads = {int(s): None if i is None else head_from_item(i) for s, i in items.items()}
+            heads = {
+                int(s): None if i is None else replace(head_from_item(i[0]), log=decode_log(i[1]))
+                for s, i in items.items()
+            }
         except FileNotFoundError:
             return None
         except Exception as exc:  # noqa: BLE001 - a damaged hint only costs a read

@@ -260,8 +260,8 @@ def test_snapshots_in_links_become_the_heads_snapshots_trimmed_as_commits_trim_t
         if link.position in taken else link
         for link in links
     ]  # fmt: skip
-    got = resolve(Head(0, 0, "", -1, chain="c7", chain_from=1), genesis, links, indexes, LOC,
-                  keep_snapshots=2)  # fmt: skip
+    genesis = replace(genesis, keep_snapshots=2)
+    got = resolve(Head(0, 0, "", -1, chain="c7", chain_from=1), genesis, links, indexes, LOC)
     assert [(s.version, s.key, s.batch) for s in got.snaps] == [
         (3, manifest_key(LOC, 0, 3, uids[1]), 103),
         (5, manifest_key(LOC, 0, 5, uids[2]), 105),

@@ -12,7 +12,7 @@ from botocore.exceptions import ClientError, ParamValidationError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardless.changelog import aws, resources
+from shardless.changelog import aws, resources, segment_cache
 from shardless.changelog import durable as durable_module
 from shardless.changelog.durable import (
     DurableState,
@@ -296,9 +296,8 @@ def test_a_commit_after_a_claim_by_a_tool_is_refused(location):
 
 
 def test_changes_are_read_from_the_local_segment_cache_first(location, tmp_path, monkeypatch):
-    from shardless.changelog import durable as durable_module
 
-    monkeypatch.setattr(durable_module, "SEGMENT_CACHE_FILES", 2)
+    monkeypatch.setattr(segment_cache, "SEGMENT_CACHE_FILES", 2)
     cached = DurableState(location, segment_cache=tmp_path / "segments")
     for v in (1, 2, 3):
         head = cached.heads([4]).get(4)

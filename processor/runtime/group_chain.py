@@ -1,0 +1,104 @@
+"""A group's part in chain commits (`commit_format="chains"`): which chain it appends to,
+taking its slices over into it, and adopting a batch another attempt committed first.
+
+The group's chain is the one this process remembers from its previous batch, else one its
+slices' heads name that was started by this query for this group under this group layout
+and is not sealed, else a new one. Slices whose heads name another chain (or none) are
+taken over before the batch runs, so their versions are counted from the chain's next
+position. A chain is append-only: when Spark runs a batch again after its first attempt
+committed, the re-run keeps what was committed (its outputs are computed again from the
+same state and records) instead of replacing it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Any
+
+from shardless.changelog.chain import Link, SliceRange
+from shardless.changelog.chain_commits import take_over
+from shardless.changelog.chain_reads import read_genesis
+from shardless.changelog.chain_writes import ChainTip, create_chain, find_tip
+from shardless.changelog.durable import DurableState, SliceCommit
+from shardless.changelog.layout import Head
+from shardless.processor.runtime.config import RuntimeConfig
+from shardless.processor.runtime.grouping import slices_of_key
+from shardless.state.transaction import Transaction
+
+log = logging.getLogger(__name__)
+
+
+def group_range(cfg: RuntimeConfig, group: int) -> SliceRange:
+    """The slices a group's chain may name: its range under the job's group layout (every
+    slice when the runner has no layout, outside Spark)."""
+    if cfg.partitions is None:
+        return SliceRange(0, cfg.slices)
+    own = slices_of_key(group, cfg.slices, cfg.partitions)
+    return SliceRange(own.start, own.stop - own.start)
+
+
+def find_chain(
+    durable: DurableState,
+    cfg: RuntimeConfig,
+    group: int,
+    query: str,
+    heads: dict[int, Head | None],
+) -> ChainTip:
+    """The group's unsealed chain that one of `heads` names (this query's, for this group
+    under this layout and snapshot retention), else a new one."""
+    wanted = (query, cfg.partitions or 0, group, group_range(cfg, group), cfg.keep_snapshots)
+    for chain in sorted({h.chain for h in heads.values() if h is not None and h.chain}):
+        g = read_genesis(durable.loc, chain)
+        if (g.query, g.partitions, g.group, g.range, g.keep_snapshots) == wanted:
+            tip = find_tip(durable.loc, g)
+            if not tip.sealed:
+                return tip
+    return create_chain(durable.loc, *wanted)
+
+
+def join(
+    durable: DurableState,
+    tip: ChainTip,
+    heads: dict[int, Head | None],
+    slices: list[int],
+    owner: str,
+    query: str,
+) -> dict[int, Head]:
+    """Take over the slices of `slices` that `tip`'s chain does not commit yet; returns
+    their heads as written (the others need nothing)."""
+    take = {s: heads.get(s) for s in slices}
+    take = {s: h for s, h in take.items() if h is None or h.chain != tip.chain}
+    return take_over(durable, take, tip, owner, query) if take else {}
+
+
+def adopt(
+    durable: DurableState,
+    link: Link,
+    commits: list[SliceCommit],
+    heads: dict[int, Head | None],
+    stores: dict[int, Any],
+) -> tuple[list[SliceCommit], list[tuple[list, list]]]:
+    """A batch Spark runs again after `link` committed it: the commits and undo records
+    that apply the committed changes to the local stores (started one version back), in
+    place of this run's own. A slice this run changed that the link does not name (a
+    handler whose results depend on more than its state and records) keeps its committed
+    version; it is logged."""
+    mine = {c.slice: c for c in commits}
+    stray = sorted(set(mine) - set(link.slices))
+    if stray:
+        log.warning(
+            "batch %s ran again and changed slices %s that its first commit did not: the "
+            "handler is not deterministic; the committed state stays",
+            link.batch, stray,
+        )  # fmt: skip
+    out, deltas = [], []
+    for s in link.slices:
+        c, head = mine.get(s), heads.get(s)
+        if c is None or head is None:
+            continue  # not run this time (its store catches up from the log when next used)
+        entry = next(e for e in head.log if e.version == c.version)
+        changes = durable.read_changes(s, entry)
+        out.append(replace(c, changes=changes))
+        deltas.append((changes, Transaction(stores[s][0]).undo(changes)))
+    return out, deltas
