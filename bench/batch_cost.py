@@ -28,7 +28,7 @@ from shardless.processor.api.context import Context, Event
 from shardless.processor.api.handlers import HandlerFactory
 from shardless.processor.runtime.config import RuntimeConfig
 from shardless.processor.runtime.group_runner import GroupRunner
-from shardless.processor.runtime.grouping import group_slices
+from shardless.processor.runtime.grouping import group_keys, group_slices
 from shardless.processor.runtime.routing import route
 
 QUERY = "bench-query"
@@ -99,6 +99,7 @@ def batch_cost(
     per_slice: int = 4,
     touched: float = 1.0,
     seed: int = 42,
+    commit_format: str = "heads",
 ) -> dict[str, Any]:
     """Run `batches` batches of `groups` groups over `slices` slices, each batch touching a
     random `touched` share of the slices with `per_slice` records each; then one batch with
@@ -107,9 +108,14 @@ def batch_cost(
     Figures are per batch, over every batch but the first (which reads the heads it
     starts from): means, since snapshots come on a cadence, and the most seen."""
     loc = new_app(f"cost-{slices}", slices)
-    runner = GroupRunner(HandlerFactory(counter), RuntimeConfig(loc, slices, str(tmp / "cost")))
+    # laid out as a job lays its groups out (each group a range, named by its Spark key)
+    cfg = RuntimeConfig(
+        loc, slices, str(tmp / "cost"), partitions=groups, commit_format=commit_format
+    )
+    runner = GroupRunner(HandlerFactory(counter), cfg)
     by_slice = keys_by_slice(slices, per_slice, "req-")
     members = [group_slices(g, slices, groups) for g in range(groups)]
+    keys = group_keys(groups)
     rng = random.Random(seed)
     wanted = max(1, round(slices * touched))
     pending: list[dict] = [{} for _ in range(groups)]
@@ -125,7 +131,7 @@ def batch_cost(
             rows = [(k, s) for s in members[g] if s in chosen for k in by_slice[s]]
             pdf = frame(rows, seq) if rows else None
             seq += len(rows)
-            _, pending[g] = runner.run(g, QUERY, b, pdf, pending[g], NOW_MS + 1_000 * b)
+            _, pending[g] = runner.run(keys[g], QUERY, b, pdf, pending[g], NOW_MS + 1_000 * b)
         seconds.append(time.perf_counter() - started)
         c, u = requests.take()
         calls.append(c)
@@ -133,7 +139,7 @@ def batch_cost(
     assert all(not p for p in pending), "the counter handler set no timers"
     with http_requests() as http:  # nothing at all, through any client
         for g in range(groups):
-            runner.run(g, QUERY, batches, None, {}, NOW_MS + 1_000 * batches)
+            runner.run(keys[g], QUERY, batches, None, {}, NOW_MS + 1_000 * batches)
     idle_calls, idle_units = requests.take()
     heads = DurableState(loc).heads(list(range(slices))).values()
     head_kb = [(len(encode_log(h.log)) + len(encode_snaps(h.snaps)) + 100) / 1024 for h in heads]
@@ -151,6 +157,7 @@ def batch_cost(
     return {
         "slices": slices,
         "groups": groups,
+        "commit_format": commit_format,
         "touched": touched,
         "batches": batches,
         "dynamodb_write_units_per_batch": per_batch["dynamodb_write_units"],

@@ -456,11 +456,22 @@ def history_restore(
 # 3. Requests and their cost per batch ------------------------------------------------------
 
 
-def requests_part(tmp: Path, requests: Requests, batches: int, batches_large: int) -> dict:
+def requests_part(
+    tmp: Path, requests: Requests, batches: int, batches_large: int, commit_format: str = "heads"
+) -> dict:
     """The calls and billed units of a batch at 256 and 4,096 slices in 8 groups, every
     slice touched and 10 % of them; the 256-slice, every-slice figures at the top."""
     runs = [
-        batch_cost(tmp / f"cost-{n}-{t}", requests, frame, n, GROUPS, b, touched=t)
+        batch_cost(
+            tmp / f"cost-{n}-{t}",
+            requests,
+            frame,
+            n,
+            GROUPS,
+            b,
+            touched=t,
+            commit_format=commit_format,
+        )  # fmt: skip
         for n, b in ((SLICES, batches), (LARGE_SLICES, batches_large))
         for t in (1.0, TOUCHED_SOME)
     ]
@@ -479,6 +490,7 @@ def requests_part(tmp: Path, requests: Requests, batches: int, batches_large: in
             "touched": [1.0, TOUCHED_SOME],
             "records_per_slice_per_batch": 4,
             "snapshot_every": RuntimeConfig.snapshot_every,
+            "commit_format": commit_format,
         },
     }
 
@@ -520,6 +532,12 @@ def main(argv: list[str] | None = None) -> None:
         type=int,
         help=f"at {LARGE_SLICES} slices (default 40, quick 6)",
     )
+    parser.add_argument(
+        "--commit-format",
+        choices=("heads", "chains"),
+        default="heads",
+        help="how the requests part's batches commit (docs/design/group-commits.md)",
+    )
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--local-dir", help="where the large restore writes (default: temp)")
     parser.add_argument("--only", choices=PARTS, action="append", help="run only these parts")
@@ -551,7 +569,9 @@ def main(argv: list[str] | None = None) -> None:
                     Path(tmp), batches, args.keys_per_slice, args.updates_per_slice, reps
                 )
             if "requests" in parts:
-                out |= requests_part(Path(tmp), requests, request_batches, large_batches)
+                out |= requests_part(
+                    Path(tmp), requests, request_batches, large_batches, args.commit_format
+                )
         finally:
             requests.close()
             emulators.stop()

@@ -3,6 +3,8 @@ included (they go through a client of their own), and bills them from their real
 
 from __future__ import annotations
 
+import pytest
+
 from bench import batch_cost, billing, restore
 
 
@@ -32,6 +34,29 @@ def test_a_tenth_of_the_slices_costs_a_tenth_of_the_heads(aws, tmp_path):  # noq
     finally:
         requests.close()
     assert 2 * 26 <= out["dynamodb_write_units_per_batch"] < 2 * 256
+
+
+@pytest.mark.slow
+def test_a_chain_commit_bills_one_link_per_group_whatever_the_slice_count(aws, tmp_path):  # noqa: ANN001
+    """commit_format="chains": each group's batch is one link of under 1 KB (2 write units)
+    with its fence check (2 read units), at 256 and at 4,096 slices, every slice changed."""
+    for slices in (256, 4096):
+        requests = billing.Requests()
+        try:
+            out = batch_cost.batch_cost(
+                tmp_path / str(slices), requests, restore.frame, slices, 8, 3,
+                commit_format="chains",
+            )  # fmt: skip
+        finally:
+            requests.close()
+        steady = out["steady_batch_requests"]
+        assert steady["dynamodb.TransactWriteItems"] == 8 == out["dynamodb_writes_per_batch"]
+        assert out["dynamodb_write_units_per_batch"] == 2 * 8, slices
+        assert out["dynamodb_read_units_per_batch"] == 2 * 8
+        assert out["s3_puts_per_batch"] == 8
+        assert out["idle_batch_requests"] == 0 and out["idle_batch_units"] == 0
+        # the first batch took every slice over: one head write each, once
+        assert out["first_batch_requests"]["dynamodb.TransactWriteItems"] >= 8
 
 
 def test_counting_stops_at_close(aws):  # noqa: ANN001
