@@ -78,6 +78,9 @@ class Settings:
     kinds: tuple[str, ...] = KINDS
 
 
+log = logging.getLogger(__name__)
+
+
 def choose(rng: random.Random, world: World, settings: Settings) -> Step:
     """A step that can do something in `world` now (drawn from the allowed kinds)."""
     spec = world.spec
@@ -171,6 +174,7 @@ def run_once(
             result.violation = v
         except Exception as exc:  # noqa: BLE001 - an unexpected error is a finding too
             result.violation = Violation("unexpected_error", f"{type(exc).__name__}: {exc}"[:500])
+            log.debug("run %s: unexpected error", run, exc_info=True)
         finally:
             world.close()
         result.refused = world.refused
@@ -211,6 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-steps", type=int, default=30)
     parser.add_argument("--slices", type=int, default=8)
     parser.add_argument("--no-timers", action="store_true", help="a handler without timers")
+    parser.add_argument(
+        "--commit-format",
+        choices=("heads", "chains"),
+        default="heads",
+        help="how the runtime commits (docs/design/group-commits.md)",
+    )
     parser.add_argument("--kinds", help=f"comma-separated step kinds (default all: {KINDS})")
     parser.add_argument("--without", help="comma-separated step kinds to leave out")
     parser.add_argument("--ci", action="store_true", help="the CI slice's mix (CI_KINDS)")
@@ -231,7 +241,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown step kinds {sorted(unknown)}; known: {KINDS}")
     settings = Settings(
-        replace(Spec(), slices=args.slices, timers=not args.no_timers), args.max_steps, kinds
+        replace(
+            Spec(), slices=args.slices, timers=not args.no_timers, commit_format=args.commit_format
+        ),
+        args.max_steps,
+        kinds,
     )
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")

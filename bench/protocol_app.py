@@ -35,6 +35,7 @@ class Spec:
     timers: bool = True
     snapshot_every: int = 3
     keep_snapshots: int = 2
+    commit_format: str = "heads"  # or "chains" (docs/design/group-commits.md)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,46 @@ def patched(owner: type, name: str, make: Callable[[Callable], Callable]) -> Ite
 
 
 @contextlib.contextmanager
+def after_upload(
+    act: Callable[[], None], landed: Callable[[], None] | None = None
+) -> Iterator[None]:
+    """Call `act` in this thread when, after its commit's segment upload, it first sends its
+    DynamoDB write (either commit path: the heads' `transact`, a link's `send`); with
+    `landed`, call that once that write has returned. Writes before the upload (a chain's
+    takeover) pass untouched."""
+    me = threading.current_thread()
+    uploaded, acted = threading.Event(), threading.Event()
+
+    def upload(real: Callable) -> Callable:
+        def wrapper(self: Any, *a: Any, **k: Any) -> Any:
+            out = real(self, *a, **k)
+            if threading.current_thread() is me:
+                uploaded.set()
+            return out
+
+        return wrapper
+
+    def write(real: Callable) -> Callable:
+        def wrapper(self: Any, *a: Any, **k: Any) -> Any:
+            mine = threading.current_thread() is me and uploaded.is_set() and not acted.is_set()
+            if mine:
+                acted.set()
+                act()
+            out = real(self, *a, **k)
+            if mine and landed is not None:
+                landed()
+            return out
+
+        return wrapper
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(patched(DurableState, "upload", upload))
+        stack.enter_context(patched(DurableState, "transact", write))
+        stack.enter_context(patched(DurableState, "send", write))
+        yield
+
+
+@contextlib.contextmanager
 def crash_point(where: str | None) -> Iterator[None]:
     """Raise Crash in this thread: after the segment PUT ("s3"), after the DynamoDB commit
     ("ddb"), after the local apply ("local")."""
@@ -38,22 +78,8 @@ def crash_point(where: str | None) -> Iterator[None]:
     me = threading.current_thread()
     committed = threading.Event()
 
-    def transact(real: Callable) -> Callable:
-        def wrapper(self: Any, *a: Any, **k: Any) -> Any:
-            if threading.current_thread() is me:
-                raise Crash("after the segment PUT")
-            return real(self, *a, **k)
-
-        return wrapper
-
-    def commit(real: Callable) -> Callable:
-        def wrapper(self: Any, *a: Any, **k: Any) -> Any:
-            out = real(self, *a, **k)
-            if threading.current_thread() is me:
-                committed.set()
-            return out
-
-        return wrapper
+    def crash() -> None:
+        raise Crash("after the segment PUT")
 
     def store_commit(real: Callable) -> Callable:
         def wrapper(self: Any, *a: Any, **k: Any) -> Any:
@@ -73,9 +99,9 @@ def crash_point(where: str | None) -> Iterator[None]:
 
     with contextlib.ExitStack() as stack:
         if where == "s3":
-            stack.enter_context(patched(DurableState, "_transact", transact))
+            stack.enter_context(after_upload(crash))
         elif where == "ddb":
-            stack.enter_context(patched(DurableState, "commit", commit))
+            stack.enter_context(after_upload(lambda: None, landed=committed.set))
             stack.enter_context(patched(SliceStore, "commit", store_commit))
         elif where == "local":
             stack.enter_context(patched(StoreCache, "remember", remember))
@@ -86,11 +112,11 @@ def crash_point(where: str | None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def before_first_commit(fn: Callable[[], None]) -> Iterator[None]:
-    """Run `fn` once, when this thread first reaches DurableState.commit."""
+    """Run `fn` once, when this thread first reaches its commit (its segment upload)."""
     me = threading.current_thread()
     fired = []
 
-    def commit(real: Callable) -> Callable:
+    def upload(real: Callable) -> Callable:
         def wrapper(self: Any, *a: Any, **k: Any) -> Any:
             if threading.current_thread() is me and not fired:
                 fired.append(1)
@@ -99,7 +125,7 @@ def before_first_commit(fn: Callable[[], None]) -> Iterator[None]:
 
         return wrapper
 
-    with patched(DurableState, "commit", commit):
+    with patched(DurableState, "upload", upload):
         yield
         if not fired:
             fn()  # the first attempt committed nothing: the copy runs after it
@@ -107,17 +133,11 @@ def before_first_commit(fn: Callable[[], None]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def stall_commit(arrived: threading.Event, release: threading.Event) -> Iterator[None]:
-    """Hold this thread after its segment PUT, before its DynamoDB transaction."""
-    me = threading.current_thread()
+    """Hold this thread after its segment PUT, before its DynamoDB write."""
 
-    def transact(real: Callable) -> Callable:
-        def wrapper(self: Any, *a: Any, **k: Any) -> Any:
-            if threading.current_thread() is me:
-                arrived.set()
-                release.wait(600)
-            return real(self, *a, **k)
+    def hold() -> None:
+        arrived.set()
+        release.wait(600)
 
-        return wrapper
-
-    with patched(DurableState, "_transact", transact):
+    with after_upload(hold):
         yield

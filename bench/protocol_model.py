@@ -127,6 +127,7 @@ class World:
             snapshot_every=self.spec.snapshot_every,
             keep_snapshots=self.spec.keep_snapshots,
             transfer_process_bytes=None,
+            commit_format=self.spec.commit_format,
         )
         return GroupRunner(self.handler, cfg)
 
@@ -221,7 +222,7 @@ class World:
             from shardless.processor.driver.timer_source import pending_slices
         except ImportError:
             return ()
-        return tuple(pending_slices(self.loc.table, self.spec.slices))
+        return tuple(pending_slices(self.loc, self.spec.slices))
 
     def do_run(self, qi: int, g: int, w: int, crash: str | None = None) -> str:
         q = self.live(qi)

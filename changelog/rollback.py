@@ -23,6 +23,7 @@ from shardless.changelog.layout import (
     Head,
     encode_log,
     encode_snaps,
+    head_condition,
     plan_restore,
     query_tag,
     slice_pk,
@@ -117,6 +118,12 @@ def apply(loc: AppLocation, rollback: RollbackPlan) -> int:
     durable = DurableState(loc)
     heads = durable.heads(sorted(rollback.moves))
     fence.fence(loc, {rollback.query, *(heads[s].query for s in rollback.moves if s in heads)})
+    try:  # heads read through group chains: nothing more may land there
+        heads = {**heads, **durable.off_chains(dict(heads), "rollback")}
+    except CommitConflictError as exc:
+        raise CommitConflictError(
+            f"{exc}: is the application running? Stop it and plan again"
+        ) from exc
     ddb = aws.client("dynamodb")
     moved = 0
     for s, (was, to) in sorted(rollback.moves.items()):
@@ -130,17 +137,20 @@ def apply(loc: AppLocation, rollback: RollbackPlan) -> int:
         snaps = tuple(x for x in head.snaps if x.version <= to)
         at = next((e for e in log if e.version == to), None)
         batch = at.batch if at else (snaps[-1].batch if snaps and snaps[-1].version == to else -1)
+        # conditional on the head exactly as read (its stored log and epoch)
+        condition = head_condition(head)
         try:
             ddb.update_item(
                 TableName=loc.table,
                 Key={"pk": {"S": slice_pk(s)}, "sk": {"S": HEAD_SK}},
                 # the timers of the version rolled back to are not known here: a new
-                # checkpoint wakes the slice to look (TIMERS_UNKNOWN)
-                UpdateExpression="SET #v = :v, #q = :q, #b = :b, #l = :l, #s = :s, "
-                "#e = :next, #o = :owner, #tp = :unknown REMOVE #te",
-                ConditionExpression="#v = :was AND "
-                + ("#e = :epoch" if head.epoch else "(attribute_not_exists(#e) OR #e = :epoch)"),
+                # checkpoint wakes the slice to look (TIMERS_UNKNOWN); its versions are all
+                # in its own log now (no chain)
+                UpdateExpression="SET #v = :v, #q = :q, #b = :b, #l = :log, #s = :s, "
+                "#e = :next, #o = :owner, #tp = :unknown REMOVE #te, #ch, #from",
+                ConditionExpression=condition["ConditionExpression"],
                 ExpressionAttributeNames={
+                    **condition["ExpressionAttributeNames"],
                     "#v": "version",
                     "#q": "query",
                     "#b": "batch",
@@ -150,15 +160,16 @@ def apply(loc: AppLocation, rollback: RollbackPlan) -> int:
                     "#o": "owner",
                     "#tp": "tp",
                     "#te": "te",
+                    "#ch": "ch",
+                    "#from": "from",
                 },
                 ExpressionAttributeValues={
+                    **condition.get("ExpressionAttributeValues", {}),
                     ":v": {"N": str(to)},
                     ":q": {"S": f"rollback:{rollback.query}"},
                     ":b": {"N": str(batch)},
-                    ":l": {"B": encode_log(log)},
+                    ":log": {"B": encode_log(log)},
                     ":s": {"B": encode_snaps(snaps)},
-                    ":was": {"N": str(was)},
-                    ":epoch": {"N": str(head.epoch)},
                     ":next": {"N": str(head.epoch + 1)},  # fences every current owner
                     ":owner": {"S": "rollback"},
                     ":unknown": {"N": str(TIMERS_UNKNOWN)},

@@ -204,9 +204,11 @@ def outputs(spark: SparkSession, handlers: HandlerFactory, cfg: JobConfig) -> Da
     # existed) keeps its one source: Spark refuses a restart with another count, and its
     # group state holds its pending timers anyway.
     if layout is None or layout[1] >= 2:
+        loc = cfg.location
         wake = spark.readStream.format("shardless_timers").options(
-            table=cfg.location.table, slices=str(cfg.slices)
-        )
+            app=loc.app, bucket=loc.bucket, prefix=loc.prefix, table=loc.table,
+            slices=str(cfg.slices),
+        )  # fmt: skip
         records = records.unionByName(wake.load())
     runner = GroupRunner(handlers, runtime_config(cfg, partitions))
     return group_plan(records, cfg, partitions, runner)

@@ -52,9 +52,8 @@ def wake_rows(slices: list[int]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
 
 
-def pending_slices(table: str, slices: int) -> list[int]:
-    """The slices whose heads say timers may be pending."""
-    loc = AppLocation(app="", bucket="", prefix="", table=table)
+def pending_slices(loc: AppLocation, slices: int) -> list[int]:
+    """The slices whose heads (read through their chains) say timers may be pending."""
     heads = DurableState(loc).heads(list(range(slices)))
     return sorted(s for s, h in heads.items() if h.timers_pending)
 
@@ -79,9 +78,17 @@ class _Wake(InputPartition):
 
 class TimerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str]) -> None:
-        if not options.get("table"):
-            raise ConfigError("the timer source needs option table=<DynamoDB table>")
-        self.table = options["table"]
+        if not options.get("table") or not options.get("bucket"):
+            raise ConfigError(
+                "the timer source needs options table=<DynamoDB table> and bucket=<S3 bucket> "
+                "(and app, prefix): the application's location"
+            )
+        self.loc = AppLocation(
+            app=options.get("app", ""),
+            bucket=options["bucket"],
+            prefix=options.get("prefix", ""),
+            table=options["table"],
+        )
         try:
             self.slices = check_slices(int(options.get("slices", 256)))
         except ValueError as exc:
@@ -93,7 +100,7 @@ class TimerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # noqa: N802
         if start.get("v", 0) >= 1:
             return start  # woken already: nothing more, ever
-        return {"v": 1, "slices": pending_slices(self.table, self.slices)}
+        return {"v": 1, "slices": pending_slices(self.loc, self.slices)}
 
     def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
         pass

@@ -149,17 +149,20 @@ class Attempt:
         tip = self.cache.known_tip(self.group, self.query, self.batch) if trust_known else None
         if tip is None:
             tip = find_chain(self.durable, self.cfg, self.group, self.query, self.heads)
+            if tip.position:  # read again, after the tip: a commit at tip + 1 is then
+                # conditional on every link the heads are read through
+                self.heads.update(self.durable.heads(self.slices))
+                self.metrics["heads_read"] += len(self.slices)
         try:
             taken = join(self.durable, tip, self.heads, self.slices, self.cache.owner, self.query)
         except HeadConflictError as exc:
             if set(exc.slices) & set(self.known):
                 raise StaleHeads(str(exc)) from exc
             raise
-        if taken:
-            self.heads.update(taken)
-            self.plans = [
-                _plan(s, self.heads.get(s), self.query, self.batch, self.group) for s in self.slices
-            ]
+        self.heads.update(taken)
+        self.plans = [
+            _plan(s, self.heads.get(s), self.query, self.batch, self.group) for s in self.slices
+        ]
         self.tip = tip
         self.metrics["heads_taken"] = len(taken)
         self._lap("chain")
@@ -275,22 +278,23 @@ class Attempt:
         self.metrics["transactions"] = self.done.transactions
 
     def _commit_link(self, tip: ChainTip) -> CommitResult:
-        """The batch as one link of the group's chain; or, when the chain's newest link is
-        this very batch (Spark runs it again), that link's changes adopted, not replaced."""
+        """The batch as one link of the group's chain; or, when an attempt of this very
+        batch committed already (Spark runs it again), its changes adopted, not replaced:
+        a chain is append-only."""
         last = tip.last
-        if last is not None and not last.sealed and last.query == self.query:
-            if last.batch == self.batch:
-                self.commits, self.deltas = adopt(
-                    self.durable, last, self.commits, self.heads, self.stores
-                )
-                heads = {c.slice: c.expected for c in self.commits if c.expected is not None}
-                return CommitResult(last.uid, 0, 0, heads, tip=tip)
-            if last.batch > self.batch:
-                raise ProcessorError(
-                    f"group {self.group}: chain {tip.chain} holds batch {last.batch} of this "
-                    f"query, but Spark is running batch {self.batch}; the checkpoint is "
-                    "older than the state"
-                )
+        if last and not last.sealed and last.query == self.query and last.batch > self.batch:
+            raise ProcessorError(
+                f"group {self.group}: chain {tip.chain} holds batch {last.batch} of this "
+                f"query, but Spark is running batch {self.batch}; the checkpoint is "
+                "older than the state"
+            )
+        reruns = {s for s, _, rerun in self.plans if rerun}
+        if reruns:
+            self.commits, self.deltas, uid = adopt(
+                self.durable, reruns, self.commits, self.heads, self.stores
+            )
+            heads = {c.slice: c.expected for c in self.commits if c.expected is not None}
+            return CommitResult(uid, 0, 0, heads, tip=tip)
         return commit_link(
             self.durable, self.query, self.batch, tip, self.commits, self.uploads_since
         )

@@ -16,7 +16,7 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from shardless.changelog.chain import Link, SliceRange
+from shardless.changelog.chain import SliceRange
 from shardless.changelog.chain_commits import take_over
 from shardless.changelog.chain_reads import read_genesis
 from shardless.changelog.chain_writes import ChainTip, create_chain, find_tip
@@ -74,31 +74,32 @@ def join(
 
 def adopt(
     durable: DurableState,
-    link: Link,
+    reruns: set[int],
     commits: list[SliceCommit],
     heads: dict[int, Head | None],
     stores: dict[int, Any],
-) -> tuple[list[SliceCommit], list[tuple[list, list]]]:
-    """A batch Spark runs again after `link` committed it: the commits and undo records
-    that apply the committed changes to the local stores (started one version back), in
-    place of this run's own. A slice this run changed that the link does not name (a
-    handler whose results depend on more than its state and records) keeps its committed
-    version; it is logged."""
-    mine = {c.slice: c for c in commits}
-    stray = sorted(set(mine) - set(link.slices))
+) -> tuple[list[SliceCommit], list[tuple[list, list]], str]:
+    """A batch Spark runs again after an attempt of it committed (`reruns`: the slices whose
+    newest version that attempt committed, in whichever chain): the commits and undo
+    records that apply the committed changes to the local stores (started one version
+    back), in place of this run's own, and the committing segment's uid. A slice this run
+    changed that the batch's commit did not (a handler whose results depend on more than
+    its state and records) keeps its committed version; it is logged."""
+    stray = sorted(c.slice for c in commits if c.slice not in reruns)
     if stray:
         log.warning(
-            "batch %s ran again and changed slices %s that its first commit did not: the "
+            "a batch ran again and changed slices %s that its first commit did not: the "
             "handler is not deterministic; the committed state stays",
-            link.batch, stray,
-        )  # fmt: skip
-    out, deltas = [], []
-    for s in link.slices:
-        c, head = mine.get(s), heads.get(s)
-        if c is None or head is None:
-            continue  # not run this time (its store catches up from the log when next used)
+            stray,
+        )
+    out, deltas, uid = [], [], ""
+    for c in commits:
+        head = heads.get(c.slice)
+        if c.slice not in reruns or head is None:
+            continue
         entry = next(e for e in head.log if e.version == c.version)
-        changes = durable.read_changes(s, entry)
+        changes = durable.read_changes(c.slice, entry)
         out.append(replace(c, changes=changes))
-        deltas.append((changes, Transaction(stores[s][0]).undo(changes)))
-    return out, deltas
+        deltas.append((changes, Transaction(stores[c.slice][0]).undo(changes)))
+        uid = uid or entry.uid
+    return out, deltas, uid

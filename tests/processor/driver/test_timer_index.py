@@ -45,18 +45,18 @@ def test_heads_index_the_next_due_timer_and_clear_it_once_fired(location, tmp_pa
     heads = DurableState(location).heads(list(range(SLICES)))
     pending = {s for s, h in heads.items() if h.timers_pending}
     assert pending and all(heads[s].next_timer == 5_000 for s in pending)
-    assert pending_slices(location.table, SLICES) == sorted(pending)
+    assert pending_slices(location, SLICES) == sorted(pending)
     r.pending = {}  # a new checkpoint: Spark's group state is gone
     assert outputs(r.run(0, "q2", 0, None, now_ms=6_000)) == []  # nothing wakes them
     fired = outputs(r.run(0, "q2", 1, wake(sorted(pending)), now_ms=6_000))
     assert sorted(o["fired"] for o in fired) == ["a", "b"]
-    assert pending_slices(location.table, SLICES) == []
+    assert pending_slices(location, SLICES) == []
 
 
 def test_a_woken_slice_whose_timers_are_not_due_hands_them_to_spark(location, tmp_path):
     r = timers_runner(location, tmp_path)
     r.run(0, "q", 0, frame(["a"]), now_ms=1_000)
-    [s] = pending_slices(location.table, SLICES)
+    [s] = pending_slices(location, SLICES)
     r.pending = {}
     assert outputs(r.run(0, "q2", 0, wake([s]), now_ms=2_000)) == []
     assert r.pending == {s: (5_000, None)}  # Spark's timeout carries it from here
@@ -71,7 +71,7 @@ def test_a_rollback_marks_timers_unknown_and_the_wake_up_mends_the_index(locatio
     heads = DurableState(location).heads(list(range(SLICES)))
     moved = [s for s, h in heads.items() if h.owner == "rollback"]
     assert moved and all(heads[s].next_timer == TIMERS_UNKNOWN for s in moved)
-    woken = pending_slices(location.table, SLICES)
+    woken = pending_slices(location, SLICES)
     assert set(moved) <= set(woken)
     r.pending = {}
     r.run(0, "q2", 0, wake(woken), now_ms=2_000)  # not due yet: the index is mended
@@ -104,7 +104,7 @@ def test_a_new_checkpoint_fires_timers_of_slices_that_get_no_more_records(
 
     first = job_config(location, (stream,), tmp_path, checkpoint="ck-one")
     start(spark, handlers, first, sink=sink, available_now=True).awaitTermination()
-    assert fired == [] and pending_slices(location.table, first.slices)
+    assert fired == [] and pending_slices(location, first.slices)
     second = job_config(
         location, (stream,), tmp_path, checkpoint="ck-two", starting_position="COMMITTED"
     )
@@ -121,7 +121,7 @@ def test_a_new_checkpoint_fires_timers_of_slices_that_get_no_more_records(
         query.stop()
     assert sorted(fired) == keys
     assert sum(r.records for r in reports) == 0
-    assert pending_slices(location.table, first.slices) == []
+    assert pending_slices(location, first.slices) == []
 
 
 @pytest.mark.slow
