@@ -58,6 +58,7 @@ def run_harness(
     plans: list[Schedule] | None = None,
     partial: Path | None = None,
     operator: bool = True,
+    commit_format: str = "heads",
 ) -> dict[str, Any]:
     """Run schedules `first .. first+schedules-1` of `seed` against running emulators, or
     the given `plans` (then `schedules` and `first` are not used). With `partial`, the
@@ -77,7 +78,7 @@ def run_harness(
         FaultProxy(aws.s3_endpoint, seed=seed) as storage,
         FaultProxy(aws.kinesis_endpoint, seed=seed + 1) as kinesis_proxy,
     ):
-        env = Env(kinesis, aws.env(), storage, kinesis_proxy, work, keep, stalls)
+        env = Env(kinesis, aws.env(), storage, kinesis_proxy, work, keep, stalls, commit_format)
         if plans is None:
             plans = [draw(seed, index, operator) for index in range(first, first + schedules)]
             if stalls:
@@ -222,6 +223,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_false",
         help="leave out the operator actions (takeover, regroup, rollback, gc while running)",
     )
+    parser.add_argument(
+        "--commit-format",
+        choices=("heads", "chains"),
+        default="heads",
+        help="JobConfig.commit_format of the job under test",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the emulators on a kill
@@ -241,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             first=args.first,
             partial=work / "summary.json",
             operator=args.operator,
+            commit_format=args.commit_format,
         )
     finally:
         emulators.stop()

@@ -26,6 +26,7 @@ from shardless.state.slices import DEFAULT_SLICES, check_slices
 VALUE_FORMATS = ("msgpack", "json", "raw", "pickle")
 SNAPSHOT_UPLOADS = ("worker", "helper")
 GROUP_OWNERS = ("worker", "process")
+COMMIT_FORMATS = ("heads", "chains")
 
 
 def flag(
@@ -128,6 +129,14 @@ class JobConfig:
             "the GIL from the handlers (docs/durability.md)"
         ),
         choices=SNAPSHOT_UPLOADS,
+    )
+    commit_format: str = flag(
+        "heads",
+        help=(
+            "how a batch commits: the head of every slice it changed (default), or, in preview, "
+            "one item per group and batch in the group's chain (docs/design/group-commits.md)"
+        ),
+        choices=COMMIT_FORMATS,
     )
     group_owner: str = flag(
         "worker",

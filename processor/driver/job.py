@@ -161,6 +161,7 @@ def runtime_config(cfg: JobConfig, partitions: int) -> RuntimeConfig:
         snapshot_uploads=cfg.snapshot_uploads,
         group_owner=cfg.group_owner,
         owner_idle_seconds=cfg.owner_idle_seconds,
+        commit_format=cfg.commit_format,
         policy=cfg.record_policy(),
         dead_letter=cfg.dead_letter,
         partitions=partitions,

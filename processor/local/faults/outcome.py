@@ -33,6 +33,7 @@ class Env:
     work: Path
     keep: bool = False  # keep each schedule's folder even when it passed
     stalls: bool = False  # schedules may stall an executor (STALL_ARGS for the driver)
+    commit_format: str = "heads"  # JobConfig.commit_format of every query
 
 
 @dataclass

@@ -108,6 +108,7 @@ def run(env: Env, schedule: Schedule) -> Outcome:
         slices=SLICES,
         groups=GROUPS,
         local_dir=str(folder / "stores"),
+        commit_format=env.commit_format,
     )
     for proxy in (env.storage_proxy, env.kinesis_proxy):
         proxy.clear()
