@@ -252,47 +252,16 @@ def versions(
     return out
 
 
-def resolve(
-    head: Head,
-    genesis: Genesis,
-    links: Sequence[Link],
-    indexes: Mapping[str, Sequence[SectionRef]],
-    loc: AppLocation,
-) -> Head:
-    """`head` as if each of its chain's versions had been committed into it: `version`,
-    `query`, `batch`, `log` and `snaps` extended from `links` (the chain from
-    `head.chain_from` on, in order) and the segments' section `indexes` (by uid), trimmed as
-    a commit trims them (`next_history`, with the chain's retention). Every section must
-    hold the slice at the version counted for it: anything else is a lost or foreign link,
-    refused as a ContinuityError naming the slice and the chain rather than restored
-    wrongly. Timers pending after the
-    last link are marked unknown (`TIMERS_UNKNOWN`): a link says whether, not when."""
-    if not head.chain:
-        return head
-    where = f"slice {head.slice}: chain {head.chain}"
-    if genesis.chain != head.chain or head.slice not in genesis.range:
-        raise ContinuityError(
-            f"{where}: the chain read is {genesis.chain} over slices {genesis.range.first}-"
-            f"{genesis.range.first + genesis.range.count - 1}"
-        )
-    try:
-        found = versions(head.version, links, head.slice, head.chain_from)
-    except ValueError as exc:
-        raise ContinuityError(f"{where}: {exc}") from exc
-    if not found:
-        return head
+def _history(
+    head: Head, genesis: Genesis, found: list[tuple[int, Link]], loc: AppLocation
+) -> tuple[tuple[LogEntry, ...], tuple[SnapRef, ...]]:
+    """The log and snapshots after the chain's versions `found`, trimmed as commits trim
+    them; the chain's entries without their place in the segment yet (offset, length and
+    records 0): the snapshots a link keeps say what stays, without reading S3."""
     log, snaps = head.log, head.snaps
     for version, link in found:
-        ref = next((r for r in indexes.get(link.uid, ()) if r.slice == head.slice), None)
-        if ref is None or ref.version != version:
-            got = "no section" if ref is None else f"version {ref.version}"
-            raise ContinuityError(
-                f"{where}: position {link.position} (batch {link.batch}, segment {link.uid}) "
-                f"should hold version {version}, its segment has {got}"
-            )
-        tag = query_tag(link.query)
-        entry = LogEntry(version, link.batch, genesis.group, link.uid, ref.offset, ref.length,
-                         ref.records, tag)  # fmt: skip
+        entry = LogEntry(version, link.batch, genesis.group, link.uid, 0, 0, 0,
+                         query_tag(link.query))  # fmt: skip
         snapshot = next((s for s in link.snapshots if s.slice == head.slice), None)
         snap = None
         if snapshot is not None:
@@ -303,9 +272,75 @@ def resolve(
                 before.batch if before else -1, before.query if before else "",
             )  # fmt: skip
         log, snaps = next_history(log, snaps, entry, snap, genesis.keep_snapshots)
+    return log, snaps
+
+
+def _found(head: Head, genesis: Genesis, links: Sequence[Link]) -> list[tuple[int, Link]]:
+    where = f"slice {head.slice}: chain {head.chain}"
+    if genesis.chain != head.chain or head.slice not in genesis.range:
+        raise ContinuityError(
+            f"{where}: the chain read is {genesis.chain} over slices {genesis.range.first}-"
+            f"{genesis.range.first + genesis.range.count - 1}"
+        )
+    try:
+        return versions(head.version, links, head.slice, head.chain_from)
+    except ValueError as exc:
+        raise ContinuityError(f"{where}: {exc}") from exc
+
+
+def needed_segments(
+    head: Head, genesis: Genesis, links: Sequence[Link], loc: AppLocation
+) -> set[str]:
+    """The uids of the segments whose index `resolve` needs for `head`: those of the chain
+    versions its trimmed log keeps (older ones garbage collection may have deleted)."""
+    if not head.chain:
+        return set()
+    found = _found(head, genesis, links)
+    mine = {link.uid for _, link in found}
+    log, _ = _history(head, genesis, found, loc)
+    return {e.uid for e in log if e.uid in mine}
+
+
+def resolve(
+    head: Head,
+    genesis: Genesis,
+    links: Sequence[Link],
+    indexes: Mapping[str, Sequence[SectionRef]],
+    loc: AppLocation,
+) -> Head:
+    """`head` as if each of its chain's versions had been committed into it: `version`,
+    `query`, `batch`, `log` and `snaps` extended from `links` (the chain from
+    `head.chain_from` on, in order) and the segments' section `indexes` (by uid), trimmed as
+    a commit trims them (`next_history`, with the chain's retention). Every section the
+    trimmed log keeps must hold the slice at the version counted for it: anything else is a
+    lost or foreign link, refused as a ContinuityError naming the slice and the chain
+    rather than restored wrongly. Timers pending after the last link are marked unknown
+    (`TIMERS_UNKNOWN`): a link says whether, not when."""
+    if not head.chain:
+        return head
+    found = _found(head, genesis, links)
+    if not found:
+        return head
+    by_version = {version: link for version, link in found}
+    log, snaps = _history(head, genesis, found, loc)
+    placed = []
+    for e in log:
+        link = by_version.get(e.version)
+        if link is None or e.uid != link.uid:
+            placed.append(e)  # from the head's own log
+            continue
+        ref = next((r for r in indexes.get(link.uid, ()) if r.slice == head.slice), None)
+        if ref is None or ref.version != e.version:
+            got = "no section" if ref is None else f"version {ref.version}"
+            raise ContinuityError(
+                f"slice {head.slice}: chain {head.chain}: position {link.position} (batch "
+                f"{link.batch}, segment {link.uid}) should hold version {e.version}, its "
+                f"segment has {got}"
+            )
+        placed.append(replace(e, offset=ref.offset, length=ref.length, records=ref.records))
     last = found[-1][1]
     pending = head.slice in last.timers  # when they are due is in the slice's store
     return replace(
-        head, version=found[-1][0], query=last.query, batch=last.batch, log=log, snaps=snaps,
-        next_timer=TIMERS_UNKNOWN if pending else None, next_event_timer=None,
+        head, version=found[-1][0], query=last.query, batch=last.batch, log=tuple(placed),
+        snaps=snaps, next_timer=TIMERS_UNKNOWN if pending else None, next_event_timer=None,
     )  # fmt: skip

@@ -19,6 +19,7 @@ from shardless.changelog.chain import (
     chain_pk,
     genesis_from_item,
     link_from_item,
+    needed_segments,
     position_sk,
     resolve,
 )
@@ -104,10 +105,8 @@ def resolve_heads(loc: AppLocation, heads: dict[int, Head]) -> dict[int, Head]:
     out = dict(heads)
     for chain, named in by_chain.items():
         genesis, links = read_chain(loc, chain, min(h.chain_from for h in named))
-        wanted = {h.slice for h in named}
-        indexes = segment_indexes(
-            loc, genesis, (link for link in links if wanted.intersection(link.slices))
-        )
+        needed = set().union(*(needed_segments(h, genesis, links, loc) for h in named))
+        indexes = segment_indexes(loc, genesis, (link for link in links if link.uid in needed))
         for head in named:
             out[head.slice] = resolve(head, genesis, links, indexes, loc)
     return out

@@ -21,6 +21,7 @@ from shardless.changelog.chain import (
     link_item,
     link_snapshot,
     members,
+    needed_segments,
     resolve,
     versions,
 )
@@ -267,6 +268,11 @@ def test_snapshots_in_links_become_the_heads_snapshots_trimmed_as_commits_trim_t
         (5, manifest_key(LOC, 0, 5, uids[2]), 105),
     ]
     assert [e.version for e in got.log] == [4, 5, 6]  # only after the oldest kept snapshot
+    # the segments of versions 1-3 are not needed (garbage collection may delete them)
+    head = Head(0, 0, "", -1, chain="c7", chain_from=1)
+    needed = needed_segments(head, genesis, links, LOC)
+    assert needed == {links[i].uid for i in (3, 4, 5)}
+    assert resolve(head, genesis, links, {u: indexes[u] for u in needed}, LOC) == got
 
 
 def test_link_snapshot_keeps_the_uid_of_a_manifest_key() -> None:
