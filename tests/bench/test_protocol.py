@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
 import pytest
 
@@ -110,6 +111,39 @@ def test_the_oracle_catches_an_unconditional_commit(aws, monkeypatch):
 )  # fmt: skip
 def test_the_violations_bench_protocol_found_replay_clean(aws, seed, run, steps):
     s = Settings(spec=Spec(timers=True), max_steps=30, kinds=protocol.KINDS)
+    assert run_once(seed, run, s, steps).violation is None
+
+
+def test_a_seeded_slice_of_chain_commits_has_no_violations(aws):
+    """The same slice with commit_format="chains" (docs/design/group-commits.md)."""
+    s = settings()
+    s = Settings(replace(s.spec, commit_format="chains"), s.max_steps, s.kinds)
+    assert failures(int(os.environ.get("PROTOCOL_SEED", "7")), 8, s) == []
+
+
+@pytest.mark.parametrize(
+    "seed, run, steps",
+    [
+        # the timer source read heads with a table-only location: a chain needs the bucket
+        (1, 0, [["start", 3], ["run", 0, 2, 1]]),
+        # rollback conditioned on the stored version of heads read through a chain
+        (1, 3, [["start", 4], ["run", 0, 1, 2], ["twin", 0, 3, 2, 1], ["run", 0, 2, 2],
+                ["run", 0, 0, 2], ["record", 0], ["run", 0, 0, 0]]),
+        # a fenced query's takeover sealed the live chain; the live group's re-run of a
+        # committed batch on another worker appended a second link for the same versions
+        (1, 10, [["start", 2], ["start", 2], ["start", 2], ["start", 4], ["run", 3, 0, 0],
+                 ["run", 1, 0, 1, "s3"], ["run", 3, 0, 2]]),
+        # gc deleted the segments of links a slice's snapshots had trimmed; reading the
+        # head fetched their indexes anyway
+        (2, 52, [["start", 2], ["run", 0, 0, 2], ["run", 0, 1, 2], ["record", 0],
+                 ["run", 0, 1, 1], ["run", 0, 0, 2], ["record", 0], ["run", 0, 1, 1],
+                 ["run", 0, 0, 2], ["record", 0], ["run", 0, 1, 2], ["gc", True],
+                 ["gc", True]]),
+    ],
+)  # fmt: skip
+def test_the_violations_found_on_the_chain_path_replay_clean(aws, seed, run, steps):
+    s = Settings(spec=Spec(timers=True, commit_format="chains"), max_steps=30,
+                 kinds=protocol.KINDS)  # fmt: skip
     assert run_once(seed, run, s, steps).violation is None
 
 
