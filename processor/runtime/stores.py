@@ -247,10 +247,8 @@ class StoreCache:
         self, group: int, query: str, batch: int, heads: dict[int, Head | None]
     ) -> None:
         # a head read through its chain: its log as read, beside the stored one it is
-        # conditional on (`head_item` writes the stored one)
-        items = {
-            s: None if h is None else [head_item(h), encode_log(h.log)] for s, h in heads.items()
-        }
+        # conditional on (`head_item` writes the stored one); other heads hold one log
+        items = {s: _hint_item(h) for s, h in heads.items()}
         body = msgpack.packb([query, batch, items], use_bin_type=True)
         try:
             self._hints.mkdir(parents=True, exist_ok=True)
@@ -264,10 +262,7 @@ class StoreCache:
         try:
             raw = (self._hints / f"g{group}.msgpack").read_bytes()
             query, batch, items = msgpack.unpackb(raw, raw=False, strict_map_key=False)
-            heads = {
-                int(s): None if i is None else replace(head_from_item(i[0]), log=decode_log(i[1]))
-                for s, i in items.items()
-            }
+            heads = {int(s): _hint_head(i) for s, i in items.items()}
         except FileNotFoundError:
             return None
         except Exception as exc:  # noqa: BLE001 - a damaged hint only costs a read
@@ -422,3 +417,17 @@ def close_caches(base: str | None = None) -> int:
             closed += len(cache._open)
             cache.close()
     return closed
+
+
+def _hint_item(head: Head | None) -> dict | list | None:
+    if head is None:
+        return None
+    return [head_item(head), encode_log(head.log)] if head.chain else head_item(head)
+
+
+def _hint_head(item: dict | list | None) -> Head | None:
+    if item is None:
+        return None
+    if isinstance(item, list):
+        return replace(head_from_item(item[0]), log=decode_log(item[1]))
+    return head_from_item(item)
