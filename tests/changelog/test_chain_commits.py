@@ -18,6 +18,7 @@ from shardless.changelog.durable import DurableState, SliceCommit
 from shardless.changelog.errors import CommitConflictError
 from shardless.changelog.fence import QueryFencedError
 from shardless.changelog.restore import materialize
+from tests.changelog.folds import fold
 
 SLICES = 16
 ALL = SliceRange(0, SLICES)
@@ -29,17 +30,6 @@ def batch_commits(durable, heads, changed: dict[int, dict[bytes, bytes | None]])
                     [(b"d" + k, v) for k, v in kv.items()])
         for s, kv in sorted(changed.items())
     ]  # fmt: skip
-
-
-def fold(batches: list[dict], slice_id: int) -> dict[bytes, bytes]:
-    state: dict[bytes, bytes] = {}
-    for changed in batches:
-        for k, v in changed.get(slice_id, {}).items():
-            if v is None:
-                state.pop(k, None)
-            else:
-                state[k] = v
-    return state
 
 
 def read_state(durable: DurableState, slice_id: int, path: Path) -> dict[bytes, bytes]:

@@ -16,6 +16,7 @@ from shardless.changelog.errors import ContinuityError, MissingObjectError
 from shardless.changelog.layout import AppLocation, Head, head_item, segment_key
 from shardless.changelog.restore import materialize
 from shardless.changelog.segment import encode_segment, index_length
+from tests.changelog.folds import fold
 
 SLICES = 16
 GROUP = 1
@@ -58,15 +59,8 @@ def hand_over(loc: AppLocation, durable: DurableState, slices: list[int], chain:
         aws.client("dynamodb").put_item(TableName=loc.table, Item=item)
 
 
-def fold(before: list[dict], batches: list[dict], slice_id: int, upto: int | None = None) -> dict:
-    state: dict[bytes, bytes] = {}
-    for changed in [*before, *batches][: None if upto is None else upto]:
-        for k, v in changed.get(slice_id, {}).items():
-            if v is None:
-                state.pop(k, None)
-            else:
-                state[k] = v
-    return state
+def fold_upto(before: list[dict], batches: list[dict], slice_id: int, upto: int) -> dict:
+    return fold([*before, *batches][:upto], slice_id)
 
 
 def store_items(store) -> dict[bytes, bytes]:  # noqa: ANN001
@@ -100,7 +94,7 @@ def test_a_head_naming_a_chain_restores_to_the_fold_of_both(location, tmp_path: 
         upto = [i + 1 for i, c in enumerate([*before, *batches]) if s in c]
         for version in range(1, versions + 1):
             store, _ = materialize(durable, heads[s], tmp_path / f"s{s}-{version}", SLICES, version)
-            assert store_items(store) == fold(before, batches, s, upto[version - 1])
+            assert store_items(store) == fold_upto(before, batches, s, upto[version - 1])
             store.close()
 
 
