@@ -70,6 +70,7 @@ def start_driver(env: Env, outcome: Outcome) -> Driver:
         "--available-now",
         "--max-records-per-shard", str(MAX_RECORDS_PER_SHARD),
         "--snapshot-every", str(SNAPSHOT_EVERY),
+        "--commit-format", cfg.commit_format,
     ]  # fmt: skip
     if cp.committed:
         args += ["--starting-position", "COMMITTED"]
