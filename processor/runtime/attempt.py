@@ -315,9 +315,9 @@ class Attempt:
     def remember(self) -> None:
         """The heads after this batch, for this host's next batch of the group."""
         heads = {s: self.done.heads.get(s, self.stores[s][1]) for s in self.slices}
-        self.cache.remember(self.group, self.query, self.batch, heads)
-        if self.tip is not None:
+        if self.tip is not None:  # first: the hint `remember` writes carries it too
             self.cache.remember_tip(self.group, self.query, self.batch, self.done.tip or self.tip)
+        self.cache.remember(self.group, self.query, self.batch, heads)
         self._lap("remember")
 
 

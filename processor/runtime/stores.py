@@ -38,6 +38,7 @@ from pathlib import Path
 
 import msgpack
 
+from shardless.changelog.chain import genesis_from_item, genesis_item, link_from_item, link_item
 from shardless.changelog.chain_writes import ChainTip
 from shardless.changelog.durable import DurableState, owner_name
 from shardless.changelog.layout import Head, decode_log, encode_log, head_from_item, head_item
@@ -181,6 +182,12 @@ class StoreCache:
         fresh = ((query, batch - 1), (query, batch))
         hint = self._read_hint(group)
         if hint is not None and (hint[0], hint[1]) in fresh:
+            tip = hint[3]
+            mine_tip = self._tips.get(group)
+            if tip is not None and (
+                mine_tip is None or mine_tip[2] < hint[1] or (mine_tip[1], mine_tip[2]) not in fresh
+            ):
+                self._tips[group] = (tip, hint[0], hint[1])  # fmt: skip
             for s, head in hint[2].items():
                 mine = self._heads.get(s)
                 if mine is None or (mine[1], mine[2]) not in fresh or mine[2] < hint[1]:
@@ -249,7 +256,11 @@ class StoreCache:
         # a head read through its chain: its log as read, beside the stored one it is
         # conditional on (`head_item` writes the stored one); other heads hold one log
         items = {s: _hint_item(h) for s, h in heads.items()}
-        body = msgpack.packb([query, batch, items], use_bin_type=True)
+        tip = self._tips.get(group)
+        chain = (
+            _tip_item(tip[0]) if tip is not None and (tip[1], tip[2]) == (query, batch) else None
+        )
+        body = msgpack.packb([query, batch, items, chain], use_bin_type=True)
         try:
             self._hints.mkdir(parents=True, exist_ok=True)
             tmp = self._hints / f".g{group}.{self.pid}.tmp"
@@ -258,17 +269,20 @@ class StoreCache:
         except OSError as exc:
             log.debug("group %s: no hint written: %s", group, exc)
 
-    def _read_hint(self, group: int) -> tuple[str, int, dict[int, Head | None]] | None:
+    def _read_hint(
+        self, group: int
+    ) -> tuple[str, int, dict[int, Head | None], ChainTip | None] | None:
         try:
             raw = (self._hints / f"g{group}.msgpack").read_bytes()
-            query, batch, items = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+            query, batch, items, *rest = msgpack.unpackb(raw, raw=False, strict_map_key=False)
             heads = {int(s): _hint_head(i) for s, i in items.items()}
+            tip = _tip_from_item(rest[0]) if rest and rest[0] is not None else None
         except FileNotFoundError:
             return None
         except Exception as exc:  # noqa: BLE001 - a damaged hint only costs a read
             log.warning("group %s: ignoring unreadable hint: %s", group, exc)
             return None
-        return str(query), int(batch), heads
+        return str(query), int(batch), heads, tip
 
     def _local(
         self, slice_id: int, head: Head | None, target: int, owned: bool
@@ -431,3 +445,16 @@ def _hint_head(item: dict | list | None) -> Head | None:
     if isinstance(item, list):
         return replace(head_from_item(item[0]), log=decode_log(item[1]))
     return head_from_item(item)
+
+
+def _tip_item(tip: ChainTip) -> list:
+    """A group's chain tip as the hint keeps it, for the host's other workers."""
+    within = tip.genesis.range
+    last = None if tip.last is None else link_item(tip.chain, tip.last, within)
+    return [genesis_item(tip.genesis), tip.position, last]
+
+
+def _tip_from_item(item: list) -> ChainTip:
+    genesis = genesis_from_item(item[0])
+    last = None if item[2] is None else link_from_item(item[2], genesis.range)
+    return ChainTip(genesis, int(item[1]), last)
