@@ -12,7 +12,7 @@ import time
 from dataclasses import replace
 
 from shardless.changelog.chain import Link, link_item, link_snapshot
-from shardless.changelog.chain_writes import ChainTip, read_link, seal
+from shardless.changelog.chain_writes import ChainTip, read_link
 from shardless.changelog.durable import CommitResult, DurableState, SliceCommit
 from shardless.changelog.layout import Head, encode_log, head_condition, head_item, new_uid
 from shardless.changelog.segment import index_length
@@ -82,14 +82,7 @@ def take_over(
     have landed before the seal), and write each head whole with its versions in its
     own log, conditional on the head read, with the query's fence check. Returns the
     heads as written. Raises HeadConflictError when another writer changed one."""
-    foreign = sorted(
-        {h.chain for h in heads.values() if h is not None and h.chain and h.chain != tip.chain}
-    )
-    for chain in foreign:
-        seal(durable.loc, chain, owner)
-    if foreign:
-        again = durable.heads([s for s, h in heads.items() if h is not None and h.chain in foreign])
-        heads = {**heads, **again}
+    heads = {**heads, **durable.sealed_again(heads, owner, keep=tip.chain)}
     now = int(time.time() * 1000)
     taken: dict[int, Head] = {}
     items = []

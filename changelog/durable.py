@@ -469,18 +469,25 @@ class DurableState:
 
     def off_chains(self, heads: dict[int, Head | None], owner: str) -> dict[int, Head]:
         """Before heads read through group chains are written whole (by a per-slice commit
-        or a claim): seal the chains they name, so nothing more lands there unseen, and
-        read them again. Raises HeadConflictError naming the slices whose chain committed
-        a version after they were read."""
+        or a claim): `sealed_again`, and HeadConflictError naming the slices whose chain
+        committed a version after they were read (the write was built on them)."""
         named = {s: h for s, h in heads.items() if h is not None and h.chain}
-        if not named:
-            return {}
-        for chain in sorted({h.chain for h in named.values()}):
-            seal(self.loc, chain, owner)
-        again = self.heads(sorted(named))
+        again = self.sealed_again(named, owner)
         moved = [
             s for s, h in named.items() if (again[s].version, again[s].log) != (h.version, h.log)
         ]
         if moved:
             raise HeadConflictError(lost_message("heads of slices", moved), moved)
         return again
+
+    def sealed_again(
+        self, heads: dict[int, Head | None], owner: str, keep: str = ""
+    ) -> dict[int, Head]:
+        """Seal the chains `heads` name (all but `keep`), so nothing more lands there
+        unseen, and read those heads again: their versions are final."""
+        named = [s for s, h in heads.items() if h is not None and h.chain and h.chain != keep]
+        if not named:
+            return {}
+        for chain in sorted({heads[s].chain for s in named}):  # type: ignore[union-attr]
+            seal(self.loc, chain, owner)
+        return self.heads(sorted(named))

@@ -156,3 +156,20 @@ def test_a_fenced_query_cannot_append_a_link(location) -> None:
     with pytest.raises(QueryFencedError):
         commit_link(durable, "q1", 0, tip, batch_commits(durable, heads, {9: {b"a": b"1"}}))
     assert find_tip(location, tip.genesis).position == 0
+
+
+def test_a_claim_on_chain_heads_seals_the_chain_and_refuses_heads_it_moved_past(location):
+    """A claim (or a per-slice commit) writes a head whole: it seals the chain the head was
+    read through first, and a link that landed after the read makes it lose, not drop it."""
+    durable = DurableState(location)
+    fence.join(location, "q1")
+    tip = create_chain(location, "q1", 1, 0, ALL)
+    tip, heads = run_batches(durable, tip, "q1", [{7: {b"a": b"1"}}])
+    stale = durable.heads([7])
+    commit_link(durable, "q1", 1, tip, batch_commits(durable, heads, {7: {b"a": b"2"}}))
+    with pytest.raises(CommitConflictError, match=r"heads of slices \[7\] lost"):
+        durable.claim(stale, owner="tool")
+    assert find_tip(location, tip.genesis).sealed
+    claimed = durable.claim(durable.heads([7]), owner="tool")[7]
+    assert (claimed.version, claimed.chain) == (2, "")
+    assert durable.heads([7])[7].version == 2  # its versions are in its own log now
