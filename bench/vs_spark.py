@@ -381,9 +381,24 @@ class Run:
             else None,
             "errors": self.errors,
             "spark_duration_ms": self.durations,
+            **({"handovers": handovers(self.groups[1:])} if self.groups else {}),
             **({"groups": self.groups} if self.groups else {}),
             **({"timeline": self.timeline()} if self.groups else {}),
         }
+
+
+def handovers(batches: list[dict[str, Any]]) -> int:
+    """How many times a group ran in another process than in its previous batch: with stores
+    in the Python workers, each such hand-over catches the group's slices up in the new
+    worker, so records/s depends on how Spark happened to place the groups."""
+    last: dict[Any, Any] = {}
+    count = 0
+    for batch in batches:
+        for group, pid in zip(batch.get("group_ids", []), batch.get("pids", []), strict=True):
+            if group in last and last[group] != pid:
+                count += 1
+            last[group] = pid
+    return count
 
 
 def run(
@@ -437,6 +452,7 @@ def run(
                     "timings": [m.get("timings", {}) for m in metrics],
                     "called_at": [m.get("called_at") for m in metrics],
                     "pids": [m.get("pid") for m in metrics],
+                    "group_ids": [m.get("group") for m in metrics],
                 }
             )
             want = w.sizes[batch_id]

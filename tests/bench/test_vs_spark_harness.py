@@ -306,3 +306,14 @@ def test_batch_sizes_that_are_not_record_counts_are_refused_before_anything_star
         vs_spark.main(argv)
     assert exit_.value.code == 2
     assert named in capsys.readouterr().err
+
+
+def test_hand_overs_count_each_group_that_ran_in_another_process_than_before() -> None:
+    batches = [
+        {"group_ids": [0, 1], "pids": [10, 11]},
+        {"group_ids": [1, 0], "pids": [10, 11]},  # both moved
+        {"group_ids": [0, 1], "pids": [11, 10]},  # stayed (rows in another order)
+        {"group_ids": [0, 1], "pids": [11, 12]},  # group 1 to a new worker
+    ]
+    assert vs_spark.handovers(batches) == 3
+    assert vs_spark.handovers(batches[2:3]) == 0
