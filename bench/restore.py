@@ -46,10 +46,11 @@ from bench.billing import Requests
 from shardless.changelog import aws, restore_transfers
 from shardless.changelog.durable import DurableState, SliceCommit
 from shardless.changelog.layout import AppLocation, Head, plan_restore
-from shardless.changelog.manifest import decode_manifest, manifests
+from shardless.changelog.manifest import manifests, read_manifest
 from shardless.changelog.objects import FILE_THREADS
+from shardless.changelog.pack import Due, write_pack
 from shardless.changelog.restore import identity
-from shardless.changelog.snapshot import write_snapshot
+from shardless.changelog.sst import object_size
 from shardless.changelog.transfer_process import TRANSFER_PROCESS_BYTES, transfer_process
 from shardless.processor.api.handlers import HandlerFactory
 from shardless.processor.local import emulators as local_aws
@@ -124,8 +125,9 @@ def build_slices(
     value_bytes: int,
     seed: int,
 ) -> None:
-    """Commit random values to each slice (v1), then snapshot v1 and commit v2 with it,
-    as the runtime does when a snapshot is due: head = snapshot v1 + log entry v2."""
+    """Commit random values to each slice (v1), then snapshot v1 (the slices' snapshots in
+    one pack) and commit v2 with it, as the runtime does when a snapshot is due: head =
+    snapshot v1 + log entry v2."""
     claimed = durable.claim(dict.fromkeys(slices), "bench-builder")
     rng = np.random.default_rng(seed + slices[0])
     stores, first = {}, []
@@ -141,13 +143,14 @@ def build_slices(
         stores[c.slice].commit(c.changes, 1, tag=done.uid)
     del first
     heads = durable.heads(list(slices))
+    due = [Due(s, 1, stores[s].checkpoint(root / f"snap-{s:05d}")) for s in slices]
+    packed = write_pack(loc, due, {})  # the group's snapshots in one pack, as a batch takes them
+    for d in due:
+        shutil.rmtree(d.checkpoint)
     second = []
     for s in slices:
-        point = stores[s].checkpoint(root / f"snap-{s:05d}")
-        ref, _, _ = write_snapshot(loc, s, 1, point, previous=None)
-        shutil.rmtree(point)
         entry = next(e for e in heads[s].log if e.version == 1)
-        ref = replace(ref, batch=entry.batch, query=entry.query)
+        ref = replace(packed[s][0], batch=entry.batch, query=entry.query)
         touch = [(keys.data_key("touched"), encoding.encode(1))]
         second.append(SliceCommit(s, 2, heads[s], touch, snapshot=ref))
     done = durable.commit(QUERY, 1, group, second)
@@ -157,16 +160,20 @@ def build_slices(
 
 
 def fetch_list(loc: AppLocation, heads: dict[int, Head]) -> list[tuple[str, str | None]]:
-    """(key, byte range) of every object a restore of `heads` reads, from its plans."""
-    s3 = aws.client("s3")
+    """(key, byte range) of every object (or part of a pack) a restore of `heads` reads,
+    from its plans."""
     out: list[tuple[str, str | None]] = []
     for head in heads.values():
         how = plan_restore(head, None, head.version)
         if how.snapshot is not None:
-            raw = s3.get_object(Bucket=loc.bucket, Key=how.snapshot.key)["Body"].read()
-            manifest = decode_manifest(raw, where=how.snapshot.key)
-            out.append((how.snapshot.key, None))
-            out += [(f.key, None) for f in manifest.files]
+            manifest = read_manifest(loc, how.snapshot, slice_id=head.slice)
+            out.append((how.snapshot.key, how.snapshot.byte_range))
+            out += [
+                (f.key, None)
+                if f.offset < 0
+                else (f.key, f"bytes={f.offset}-{f.offset + object_size(f.size) - 1}")
+                for f in manifest.files
+            ]
         for e in how.entries:
             out.append((e.key(loc), f"bytes={e.offset}-{e.offset + e.length - 1}"))
     return out

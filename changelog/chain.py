@@ -32,6 +32,7 @@ from shardless.changelog.layout import (
     SnapRef,
     manifest_key,
     next_history,
+    pack_key,
     query_tag,
 )
 from shardless.changelog.segment import SectionRef
@@ -104,20 +105,34 @@ class Genesis:
 @dataclass(frozen=True)
 class LinkSnapshot:
     """A snapshot a link's batch took of one of its slices, at the version the slice had
-    before the batch: its manifest is `manifest_key(slice, that version, uid)`."""
+    before the batch: its manifest is `manifest_key(slice, that version, uid)`, or bytes
+    `at` to `at + length` of the pack `pack_key(uid)`."""
 
     slice: int
     uid: str
     bytes: int
     files: int
+    at: int = -1
+    length: int = 0
+
+    def key(self, loc: AppLocation, version: int) -> str:
+        if self.at >= 0:
+            return pack_key(loc, self.uid)
+        return manifest_key(loc, self.slice, version, self.uid)
 
 
 _MANIFEST_UID = re.compile(r"-([0-9a-f]{32})\.manifest$")
+_PACK_UID = re.compile(r"/([0-9a-f]{32})\.pack$")
 
 
 def link_snapshot(ref: SnapRef, slice_id: int) -> LinkSnapshot:
-    """The short form of a snapshot reference a link keeps (its manifest key rebuilt from
-    the slice, version and uid); ValueError for a key not named by `manifest_key`."""
+    """The short form of a snapshot reference a link keeps (its key rebuilt from the slice,
+    version and uid); ValueError for a key not named by `manifest_key` or `pack_key`."""
+    if ref.at >= 0:
+        found = _PACK_UID.search(ref.key)
+        if found is None:
+            raise ValueError(f"snapshot pack key {ref.key!r} does not end in /<uid>.pack")
+        return LinkSnapshot(slice_id, found.group(1), ref.bytes, ref.files, ref.at, ref.length)
     found = _MANIFEST_UID.search(ref.key)
     if found is None:
         raise ValueError(f"snapshot manifest key {ref.key!r} does not end in -<uid>.manifest")
@@ -199,6 +214,7 @@ def link_item(chain: str, link: Link, within: SliceRange) -> dict[str, dict[str,
         if not {s.slice for s in link.snapshots} <= set(link.slices):
             raise ValueError(f"snapshots of slices the link does not change: {link.snapshots}")
         rows = [[s.slice - within.first, bytes.fromhex(s.uid), s.bytes, s.files]
+                + ([s.at, s.length] if s.at >= 0 else [])
                 for s in link.snapshots]  # fmt: skip
         item["ss"] = {"B": msgpack.packb(rows, use_bin_type=True)}
     return item
@@ -214,8 +230,8 @@ def link_from_item(item: dict[str, Any], within: SliceRange) -> Link:
         snapshots = ()
         if "ss" in item:
             snapshots = tuple(
-                LinkSnapshot(within.first + s, uid.hex(), n, files)
-                for s, uid, n, files in msgpack.unpackb(bytes(item["ss"]["B"]))
+                LinkSnapshot(within.first + s, uid.hex(), n, files, *ranged)
+                for s, uid, n, files, *ranged in msgpack.unpackb(bytes(item["ss"]["B"]))
             )
         return Link(
             position=position,
@@ -267,9 +283,9 @@ def _history(
         if snapshot is not None:
             before = next((e for e in log if e.version == version - 1), None)
             snap = SnapRef(
-                version - 1, manifest_key(loc, head.slice, version - 1, snapshot.uid),
-                snapshot.bytes, snapshot.files,
+                version - 1, snapshot.key(loc, version - 1), snapshot.bytes, snapshot.files,
                 before.batch if before else -1, before.query if before else "",
+                snapshot.at, snapshot.length,
             )  # fmt: skip
         log, snaps = next_history(log, snaps, entry, snap, genesis.keep_snapshots)
     return log, snaps

@@ -1,9 +1,11 @@
 """Garbage collection of an application's S3 objects.
 
-What is referenced: every log entry's segment, every retained snapshot's manifest and the
-SST objects it names (heads keep the newest K snapshots and the log after the oldest of
-them; commits trim them). Everything else under `changelog/`, `snapshots/` and `sst/` is
-garbage once it has been unreferenced for a grace period:
+What is referenced: every log entry's segment, every retained snapshot's manifest (its own
+object, or the pack it is in) and the SST objects it names (whole, or the packs they are
+in); heads keep the newest K snapshots and the log after the oldest of them, and commits
+trim them. A pack is kept while any retained snapshot needs any part of it. Everything
+else under `changelog/`, `snapshots/`, `sst/` and `packs/` is garbage once it has been
+unreferenced for a grace period:
 
 - an object is deleted only if an earlier collection already found it unreferenced at
   least `grace_s` ago (recorded in `<prefix>/gc/pending.msgpack`) and it was last
@@ -11,8 +13,8 @@ garbage once it has been unreferenced for a grace period:
   dropped from it has `grace_s` to finish; an upload whose commit is still in flight
   (or lost, like a zombie's) is never touched while young.
 - If any retained manifest cannot be read, nothing is deleted.
-- Only this application's objects: segments and manifests name the application that
-  wrote them, and gc reads that name from every unreferenced one before it counts it as
+- Only this application's objects: segments, manifests and packs name the application
+  that wrote them, and gc reads that name from every unreferenced one before it counts it as
   garbage. One of another application (two applications given the same bucket and
   prefix) makes gc refuse, deleting nothing: their SST files carry no name, so the
   prefix cannot be shared safely.
@@ -48,6 +50,7 @@ from shardless.changelog.errors import ChangelogError, CorruptObjectError, Missi
 from shardless.changelog.layout import AppLocation
 from shardless.changelog.manifest import decode_manifest, read_manifest
 from shardless.changelog.objects import get_bytes, is_missing
+from shardless.changelog.pack import decode_pack_header
 from shardless.changelog.segment import decode_info
 
 log = logging.getLogger(__name__)
@@ -56,7 +59,7 @@ DEFAULT_GRACE_S = 3600
 # The shortest grace period with which gc may delete beside a running job: longer than any
 # batch takes from its first upload to its commit.
 RUNNING_GRACE_S = DEFAULT_GRACE_S
-_KINDS = ("changelog/", "snapshots/", "sst/")
+_KINDS = ("changelog/", "snapshots/", "sst/", "packs/")
 _HEADER_BYTES = 4096  # a segment's header (its writer's name, query, batch, group) fits
 
 
@@ -104,7 +107,7 @@ def referenced(loc: AppLocation, slices: int) -> set[str]:
         keys.update(e.key(loc) for e in head.log)
         for snap in head.snaps:
             keys.add(snap.key)
-            m = read_manifest(loc, snap.key, slice_id=head.slice, version=snap.version)
+            m = read_manifest(loc, snap, slice_id=head.slice)
             keys.update(f.key for f in m.files)
     return keys
 
@@ -154,8 +157,11 @@ def _shared(loc: AppLocation, other: str, key: str) -> GcError:
 
 
 def _writer(loc: AppLocation, key: str) -> str | None:
-    """The application that wrote a segment or manifest (None: it is gone already)."""
+    """The application that wrote a segment, manifest or pack (None: it is gone already)."""
     try:
+        if key.startswith(loc.root + "packs/"):
+            raw = get_bytes(loc.bucket, key, f"bytes=0-{_HEADER_BYTES - 1}")
+            return str(decode_pack_header(raw, where=key)["app"])
         if key.startswith(loc.root + "changelog/"):
             raw = get_bytes(loc.bucket, key, f"bytes=0-{_HEADER_BYTES - 1}")
             try:
@@ -176,7 +182,8 @@ def _writer(loc: AppLocation, key: str) -> str | None:
 
 
 def _check_owner(loc: AppLocation, keys: list[str]) -> None:
-    """Refuse if any of these segments or manifests was written by another application."""
+    """Refuse if any of these segments, manifests or packs was written by another
+    application."""
     named = [k for k in keys if not k.startswith(loc.root + "sst/")]
     if not named:
         return

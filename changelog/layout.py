@@ -147,6 +147,15 @@ def sst_key(loc: AppLocation, slice_id: int, uid: str, name: str) -> str:
     return loc.key(f"sst/slice-{slice_id:05d}/{uid}-{name}")
 
 
+def pack_key(loc: AppLocation, uid: str) -> str:
+    """A snapshot pack: the snapshots a group took in one batch, in one object (`pack`)."""
+    return loc.key(f"packs/{uid}.pack")
+
+
+def pack_prefix(loc: AppLocation) -> str:
+    return loc.key("packs/")
+
+
 @dataclass(frozen=True)
 class LogEntry:
     """One committed version of one slice: where its changes (from `version - 1`) live."""
@@ -166,7 +175,9 @@ class LogEntry:
 
 @dataclass(frozen=True)
 class SnapRef:
-    """A snapshot of one slice at `version`: its manifest, and the bytes it references."""
+    """A snapshot of one slice at `version`: its manifest (the object `key`, or the bytes
+    `at` to `at + length` of it when the manifest is in a pack), and the bytes it
+    references."""
 
     version: int
     key: str
@@ -174,6 +185,13 @@ class SnapRef:
     files: int
     batch: int = -1  # the batch that committed `version` (-1: not known)
     query: str = ""  # and its query (first 8 characters)
+    at: int = -1  # the manifest's offset in a pack (-1: the whole object)
+    length: int = 0
+
+    @property
+    def byte_range(self) -> str | None:
+        """The HTTP range of the manifest in its object (None: the whole object)."""
+        return None if self.at < 0 else f"bytes={self.at}-{self.at + self.length - 1}"
 
 
 @dataclass(frozen=True)
@@ -296,11 +314,18 @@ def decode_log(raw: bytes) -> tuple[LogEntry, ...]:
 
 
 def encode_snaps(snaps: tuple[SnapRef, ...] | list[SnapRef]) -> bytes:
-    return msgpack.packb([[s.version, s.key, s.bytes, s.files, s.batch, s.query] for s in snaps])
+    """A head's snapshot list: rows of six, or eight for a manifest in a pack."""
+    return msgpack.packb(
+        [
+            [s.version, s.key, s.bytes, s.files, s.batch, s.query]
+            + ([s.at, s.length] if s.at >= 0 else [])
+            for s in snaps
+        ]
+    )
 
 
 def decode_snaps(raw: bytes) -> tuple[SnapRef, ...]:
-    return tuple(SnapRef(*row[:6]) for row in msgpack.unpackb(raw))
+    return tuple(SnapRef(*row[:8]) for row in msgpack.unpackb(raw))
 
 
 def query_tag(query: str) -> str:

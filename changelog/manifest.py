@@ -5,6 +5,10 @@ mutable files (CURRENT, MANIFEST-*, OPTIONS-*) inline; encoded, checked and cach
     body     := {app, slice, version, uid, created_ms, files: [[name, key, size, crc32]],
                  inline: {name: bytes}}
 
+Format 2 lets a file be part of an object: `[name, key, size, crc32, offset]`, the SST
+object starting at `offset` in a snapshot pack (`pack`); a manifest without such a file
+is written as format 1, which every earlier shardless reads.
+
 Every file name in a manifest must be one RocksDB writes (`FILE_NAMES`, `INLINE_NAMES`):
 a forged manifest cannot write outside the directory it is restored into. A manifest of
 another app, slice or version, or naming another slice's SST objects, is refused.
@@ -22,11 +26,11 @@ from dataclasses import dataclass, field
 import msgpack
 
 from shardless.changelog.errors import CorruptObjectError
-from shardless.changelog.layout import AppLocation, sst_key
+from shardless.changelog.layout import AppLocation, SnapRef, pack_prefix, sst_key
 from shardless.changelog.objects import get_bytes
 
 MANIFEST_MAGIC = b"SHMF"
-FORMAT = 1
+FORMATS = (1, 2)  # 2: files at an offset of a pack
 _MANIFEST = struct.Struct(">4sBI")
 
 
@@ -36,6 +40,12 @@ class SstFile:
     key: str
     size: int
     crc32: int
+    offset: int = -1  # where its SST object starts in `key` (-1: it is the whole object)
+
+    @property
+    def where(self) -> str:
+        """Names the file's SST object uniquely (several may share a pack's key)."""
+        return self.key if self.offset < 0 else f"{self.key}@{self.offset}"
 
 
 @dataclass(frozen=True)
@@ -54,6 +64,7 @@ class Manifest:
 
 
 def encode_manifest(m: Manifest) -> bytes:
+    packed = any(f.offset >= 0 for f in m.files)
     body = msgpack.packb(
         {
             "app": m.app,
@@ -61,14 +72,17 @@ def encode_manifest(m: Manifest) -> bytes:
             "version": m.version,
             "uid": m.uid,
             "created_ms": m.created_ms,
-            "files": [[f.name, f.key, f.size, f.crc32] for f in m.files],
+            "files": [
+                [f.name, f.key, f.size, f.crc32] + ([f.offset] if f.offset >= 0 else [])
+                for f in m.files
+            ],
             "inline": m.inline,
         },
         use_bin_type=True,
     )
     return b"".join(
         [
-            _MANIFEST.pack(MANIFEST_MAGIC, FORMAT, len(body)),
+            _MANIFEST.pack(MANIFEST_MAGIC, 2 if packed else 1, len(body)),
             body,
             struct.pack(">I", zlib.crc32(body)),
         ]
@@ -94,13 +108,23 @@ def check_names(m: Manifest, where: str) -> None:
                 )
 
 
+def _sst_file(row: list, fmt: int) -> SstFile:
+    if len(row) == 5 and fmt >= 2:
+        name, key, size, crc, offset = row
+        if int(offset) < 0:
+            raise ValueError(f"file {name!r} at offset {offset}")
+        return SstFile(name, key, int(size), int(crc), int(offset))
+    name, key, size, crc = row
+    return SstFile(name, key, int(size), int(crc))
+
+
 def decode_manifest(raw: bytes, *, where: str) -> Manifest:
     if len(raw) < _MANIFEST.size + 4:
         raise CorruptObjectError(f"{where}: manifest truncated ({len(raw)} bytes)")
     magic, fmt, length = _MANIFEST.unpack_from(raw)
     if magic != MANIFEST_MAGIC:
         raise CorruptObjectError(f"{where}: not a shardless snapshot manifest (magic {magic!r})")
-    if fmt != FORMAT:
+    if fmt not in FORMATS:
         raise CorruptObjectError(f"{where}: unsupported manifest format {fmt}; upgrade shardless")
     body = raw[_MANIFEST.size : _MANIFEST.size + length]
     if len(body) != length or len(raw) != _MANIFEST.size + length + 4:
@@ -116,7 +140,7 @@ def decode_manifest(raw: bytes, *, where: str) -> Manifest:
             version=int(d["version"]),
             uid=d["uid"],
             created_ms=int(d["created_ms"]),
-            files=tuple(SstFile(n, k, int(s), int(c)) for n, k, s, c in d["files"]),
+            files=tuple(_sst_file(row, fmt) for row in d["files"]),
             inline={k: bytes(v) for k, v in d["inline"].items()},
         )
     except (KeyError, TypeError, ValueError) as exc:
@@ -127,9 +151,11 @@ def decode_manifest(raw: bytes, *, where: str) -> Manifest:
 
 class _ManifestCache:
     """Manifests are immutable: keep the recent ones so the next snapshot of a slice knows
-    which files are already uploaded without fetching anything."""
+    which files are already uploaded without fetching anything. Room for the newest
+    snapshot of every slice of a 4,096-slice application twice over: with room for fewer,
+    a process that runs all of them would fetch back manifests it wrote itself."""
 
-    def __init__(self, size: int = 1024) -> None:
+    def __init__(self, size: int = 8192) -> None:
         self.size = size
         self._items: OrderedDict[str, Manifest] = OrderedDict()
         self._lock = threading.Lock()
@@ -152,25 +178,33 @@ class _ManifestCache:
 manifests = _ManifestCache()
 
 
-def cached_manifest(key: str) -> Manifest | None:
-    """The manifest at `key` if this process has it already (verified when it was read)."""
-    return manifests.get(key)
+def cached_manifest(ref: SnapRef) -> Manifest | None:
+    """The manifest of snapshot `ref` if this process has it already (verified when it
+    was read or written)."""
+    return manifests.get(cache_key(ref))
 
 
-def read_manifest(loc: AppLocation, key: str, *, slice_id: int, version: int) -> Manifest:
-    """Fetch and verify a manifest; refuse one that belongs to another slice or version."""
-    found = manifests.get(key)
+def cache_key(ref: SnapRef) -> str:
+    """Where a manifest is, as the cache knows it: its object, and its bytes in a pack."""
+    return ref.key if ref.at < 0 else f"{ref.key}@{ref.at}+{ref.length}"
+
+
+def read_manifest(loc: AppLocation, ref: SnapRef, *, slice_id: int) -> Manifest:
+    """Fetch and verify the manifest of snapshot `ref` of slice `slice_id` (in its own
+    object or in a pack); refuse one that belongs to another slice or version."""
+    found = manifests.get(cache_key(ref))
     if found is not None:
         return found
-    return manifest_from(loc, key, get_bytes(loc.bucket, key), slice_id=slice_id, version=version)
+    raw = get_bytes(loc.bucket, ref.key, ref.byte_range)
+    return manifest_from(loc, ref, raw, slice_id=slice_id)
 
 
-def manifest_from(
-    loc: AppLocation, key: str, raw: bytes, *, slice_id: int, version: int
-) -> Manifest:
-    """Verify and decode the manifest fetched from `key`; refuse one that belongs to
-    another slice or version."""
-    where = f"s3://{loc.bucket}/{key}"
+def manifest_from(loc: AppLocation, ref: SnapRef, raw: bytes, *, slice_id: int) -> Manifest:
+    """Verify and decode the manifest of snapshot `ref`, fetched; refuse one that belongs
+    to another slice or version, or that names objects outside the slice's own SST
+    objects and the application's packs."""
+    key, version = ref.key, ref.version
+    where = f"s3://{loc.bucket}/{key}" + (f" bytes {ref.at}+{ref.length}" if ref.at >= 0 else "")
     m = decode_manifest(raw, where=where)
     if (m.app, m.slice, m.version) != (loc.app, slice_id, version):
         raise CorruptObjectError(
@@ -178,11 +212,20 @@ def manifest_from(
             f"app {loc.app!r} slice {slice_id} version {version}; refusing a foreign snapshot"
         )
     own = sst_key(loc, slice_id, "", "")[:-1]  # the slice's own SST prefix (no "-")
-    foreign = next((f.key for f in m.files if not f.key.startswith(own)), None)
+    packs = pack_prefix(loc)
+    foreign = next(
+        (
+            f.key
+            for f in m.files
+            if not (f.key.startswith(packs) if f.offset >= 0 else f.key.startswith(own))
+        ),
+        None,
+    )
     if foreign is not None:
         raise CorruptObjectError(
             f"{where}: names the object {foreign!r}, outside the slice's own SST objects "
-            f"({own}...); refusing a forged or foreign snapshot"
+            f"({own}...) and the application's packs ({packs}...); refusing a forged or "
+            "foreign snapshot"
         )
-    manifests.put(key, m)
+    manifests.put(cache_key(ref), m)
     return m

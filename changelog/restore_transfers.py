@@ -103,9 +103,9 @@ class SnapshotTransfers:
         while self.todo and len(self.asked) < MANIFESTS_AHEAD:
             w = self.todo.popleft()
             snap = w.plan.snapshot  # type: ignore[union-attr]
-            found = cached_manifest(snap.key)
+            found = cached_manifest(snap)
             if found is None:
-                w.manifest = self.transfers.fetch(self.loc.bucket, snap.key)
+                w.manifest = self.transfers.fetch(self.loc.bucket, snap.key, snap.byte_range)
             else:
                 w.manifest = done = Future()
                 done.set_result(found)
@@ -122,9 +122,7 @@ class SnapshotTransfers:
                 manifest = got
                 if not isinstance(got, Manifest):
                     snap = w.plan.snapshot  # type: ignore[union-attr]
-                    manifest = manifest_from(
-                        self.loc, snap.key, got, slice_id=w.job.slice, version=snap.version
-                    )
+                    manifest = manifest_from(self.loc, snap, got, slice_id=w.job.slice)
                 w.files = fetch_files(self.loc, manifest, w.job.path, self.on_bytes, self.transfers)
 
             if w.error is None:

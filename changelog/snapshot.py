@@ -14,7 +14,8 @@ process uploaded or downloaded is known already), so a snapshot costs the bytes 
 since the last one, plus compaction output, and rereads only files it has never seen.
 
 The manifest format is in `manifest`, SST objects in `sst`; restoring a snapshot is
-`download`.
+`download`. A batch's snapshots go out as one pack per group (`pack`); a snapshot of its
+own object, written here, is what reslice and tools write.
 """
 
 from __future__ import annotations
@@ -114,6 +115,6 @@ def upload_checkpoint(
     contains; return its reference and the bytes sent. The checkpoint is left in place."""
     base = None
     if previous is not None:
-        base = read_manifest(loc, previous.key, slice_id=slice_id, version=previous.version)
+        base = read_manifest(loc, previous, slice_id=slice_id)
     ref, _, sent = write_snapshot(loc, slice_id, version, Path(checkpoint), base)
     return ref, sent

@@ -4,6 +4,8 @@ read through without writing (`scan_sst`, for `verify`).
 
     sst := b"SHST" u8:format u32:crc32(file) u64:size file
 
+An SST object is a whole S3 object, or a range of a snapshot pack (`SstFile.offset`).
+
 The CRC-32 of a local file is computed once per process (`local_crcs`), so a snapshot can
 tell a file it shares from another of the same name and size without reading it again.
 """
@@ -23,10 +25,11 @@ from botocore.exceptions import ClientError
 from shardless.changelog import aws
 from shardless.changelog.errors import CorruptObjectError
 from shardless.changelog.layout import AppLocation
-from shardless.changelog.manifest import FORMAT, Manifest, SstFile
+from shardless.changelog.manifest import Manifest, SstFile
 from shardless.changelog.objects import OnBytes, is_missing, missing, no_progress
 
 SST_MAGIC = b"SHST"
+FORMAT = 1
 _SST = struct.Struct(">4sBIQ")
 _CHUNK = 1 << 20
 
@@ -76,13 +79,24 @@ class _CrcCache:
 local_crcs = _CrcCache()
 
 
-def upload_sst(loc: AppLocation, key: str, path: Path, size: int) -> int:
+def sst_object(path: Path, size: int) -> tuple[bytes, int]:
+    """The SST object of the local file at `path` (`size` bytes), and its CRC-32."""
     data = path.read_bytes()
+    if len(data) != size:
+        raise CorruptObjectError(f"{path}: {len(data)} bytes, expected {size}")
     crc = zlib.crc32(data)
     local_crcs.put(path, crc)
-    aws.client("s3").put_object(
-        Bucket=loc.bucket, Key=key, Body=_SST.pack(SST_MAGIC, FORMAT, crc, size) + data
-    )
+    return _SST.pack(SST_MAGIC, FORMAT, crc, size) + data, crc
+
+
+def object_size(size: int) -> int:
+    """The bytes of the SST object of a file of `size` bytes."""
+    return _SST.size + size
+
+
+def upload_sst(loc: AppLocation, key: str, path: Path, size: int) -> int:
+    body, crc = sst_object(path, size)
+    aws.client("s3").put_object(Bucket=loc.bucket, Key=key, Body=body)
     return crc
 
 
@@ -103,10 +117,15 @@ def _check_header(header: bytes, f: SstFile, where: str) -> None:
 
 
 def _open_sst(bucket: str, f: SstFile) -> tuple[Any, str]:
-    """The body of an SST object, streaming, and where it is (MissingObjectError if gone)."""
+    """The body of an SST object (the whole object, or its range of a pack), streaming,
+    and where it is (MissingObjectError if gone)."""
     where = f"s3://{bucket}/{f.key}"
+    extra: dict[str, str] = {}
+    if f.offset >= 0:
+        where += f" bytes {f.offset}+{object_size(f.size)}"
+        extra["Range"] = f"bytes={f.offset}-{f.offset + object_size(f.size) - 1}"
     try:
-        return aws.client("s3").get_object(Bucket=bucket, Key=f.key)["Body"], where
+        return aws.client("s3").get_object(Bucket=bucket, Key=f.key, **extra)["Body"], where
     except ClientError as exc:
         if is_missing(exc):
             raise missing(where) from exc
@@ -178,14 +197,14 @@ def scan_sst(bucket: str, f: SstFile) -> int | None:
 
 
 def foreign_files(m: Manifest, sessions: dict[str, int | None]) -> list[str]:
-    """The SST files of `m` (by name, with the session lows `scan_sst` found, by object
-    key) that another store wrote: the snapshot's MANIFEST records each table file's
+    """The SST files of `m` (by name, with the session lows `scan_sst` found, by
+    `SstFile.where`) that another store wrote: the snapshot's MANIFEST records each table file's
     unique id, whose first 8 bytes (custom field 12, 16 bytes) are the low half of the
     writing session's id, so a file whose session is not there will not open with it."""
     recorded = b"".join(v for k, v in m.inline.items() if k.startswith("MANIFEST-"))
     return [
         f.name
         for f in m.files
-        if (low := sessions.get(f.key)) is not None
+        if (low := sessions.get(f.where)) is not None
         and b"\x0c\x10" + struct.pack("<Q", low) not in recorded
     ]

@@ -17,15 +17,12 @@ with the bytes written, or fetches a small object (a manifest, a changelog secti
 answers with its bytes, which this process verifies as it would its own. A refusal comes
 back as the same error, with the same message.
 
-Snapshots (`snapshot`, `upload_checkpoint` there) can go to the helper too
-(`--snapshot-uploads helper`): an upload's Python (botocore's signing and HTTP, the
-manifest) then runs outside the process that runs the next slices' handlers and does not
-take the GIL from them. Measured in `bench.vs_spark` (256 slices, 8 snapshots a batch,
-contender `shardless_uploads_in_helper`): on Zipf keys a group's `process` phase took
-0.117 s a batch on average with the uploads in the helper and 0.155 s without; but on
-uniform keys the whole job was slower with the helper in 5 of 6 paired runs (mean ratio
-0.87, the loss in Spark's phases around the groups), so uploads stay on threads of the
-group's process by default (docs/benchmarks.md).
+A batch's snapshot pack (`pack`, `upload_pack` there) can go to the helper too
+(`--snapshot-uploads helper`): an upload's Python (reading the files, the manifests,
+botocore's signing and HTTP) then runs outside the process that runs the next slices'
+handlers and does not take the GIL from them. On the whole job that was not a gain
+(`shardless_uploads_in_helper` in docs/benchmarks.md), so packs are uploaded on threads
+of the group's process by default.
 
 The helper takes a few tenths of a second to start (Python, boto3): transfers asked for
 before it says it is ready run in this process, so its start overlaps the restore's first
@@ -38,13 +35,14 @@ pipe, which happens when this process ends however it ends.
 
 Protocol over the helper's stdin and stdout, frames of u32 length + msgpack:
 
-    request  := [id, "sst", bucket, key, name, size, crc32, dest]   (`download_sst`)
+    request  := [id, "sst", bucket, key, name, size, crc32, dest, offset]
+                                                                      (`download_sst`)
               | [id, "get", bucket, key, byte range or nil]           (`get_bytes`)
-              | [id, "snap", bucket, previous manifest key or nil, app, prefix, table,
-                 slice, version, previous version or nil, checkpoint dir]
-                                                                      (`upload_checkpoint`)
-    response := [id, "ok", bytes written | the object's bytes | snapshot] | [id, kind, message]
-    snapshot := [version, manifest key, bytes, files, bytes sent]
+              | [id, "pack", bucket, nil, app, prefix, table, [due]]  (`upload_pack`)
+    due      := [slice, version, checkpoint dir, previous snapshot or nil]
+    response := [id, "ok", bytes written | the object's bytes | [snapshot]]
+              | [id, kind, message]
+    snapshot := [slice, version, key, bytes, files, at, length, bytes sent]
     kind     := "missing" | "corrupt" | "error"
 """
 
@@ -62,7 +60,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -75,7 +73,8 @@ from shardless.changelog.errors import ChangelogError, CorruptObjectError, Missi
 from shardless.changelog.layout import AppLocation, SnapRef
 from shardless.changelog.manifest import SstFile
 from shardless.changelog.objects import FILE_THREADS, OnBytes, get_bytes
-from shardless.changelog.snapshot import snapshot_pool, upload_checkpoint
+from shardless.changelog.pack import Due, upload_pack
+from shardless.changelog.snapshot import snapshot_pool
 from shardless.changelog.sst import download_sst
 
 log = logging.getLogger(__name__)
@@ -124,7 +123,7 @@ class _Request:
 
 
 class TransferProcess:
-    """Runs `download_sst`, `get_bytes` and `upload_checkpoint` in the helper process; a
+    """Runs `download_sst`, `get_bytes` and `upload_pack` in the helper process; a
     drop-in for `download.IN_PROCESS` (`download.Transfers`) in restores."""
 
     def __init__(self) -> None:
@@ -170,7 +169,7 @@ class TransferProcess:
     def submit(self, bucket: str, f: SstFile, dest: Path, on_bytes: OnBytes) -> Future[int]:
         """`download_sst(bucket, f, dest)` in the helper; `on_bytes` once it is done."""
         dest = Path(dest).absolute()
-        body = ["sst", bucket, f.key, f.name, f.size, f.crc32, str(dest)]
+        body = ["sst", bucket, f.key, f.name, f.size, f.crc32, str(dest), f.offset]
         here = partial(IN_PROCESS.submit, bucket, f, dest, on_bytes)
         return self._send(_Request(Future(), body, here, on_bytes))
 
@@ -179,27 +178,14 @@ class TransferProcess:
         here = partial(IN_PROCESS.fetch, bucket, key, byte_range)
         return self._send(_Request(Future(), ["get", bucket, key, byte_range], here))
 
-    def snapshot(
-        self,
-        loc: AppLocation,
-        slice_id: int,
-        version: int,
-        checkpoint: Path,
-        previous: SnapRef | None,
-    ) -> Future[tuple[SnapRef, int]]:
-        """`upload_checkpoint(loc, slice_id, version, checkpoint, previous)` in the helper
-        (in this process's `snapshot_pool` until the helper is ready, or once it is gone)."""
-        checkpoint = Path(checkpoint).absolute()
-        body = [
-            "snap", loc.bucket, previous.key if previous else None, loc.app, loc.prefix,
-            loc.table, slice_id, version, previous.version if previous else None,
-            str(checkpoint),
-        ]  # fmt: skip
-        here = partial(
-            snapshot_pool().submit, upload_checkpoint, loc, slice_id, version, checkpoint,
-            previous,
-        )  # fmt: skip
-        return self._send(_Request(Future(), body, here, decode=_snap_ref))
+    def pack(self, loc: AppLocation, due: list[Due]) -> Future[dict[int, tuple[SnapRef, int]]]:
+        """`upload_pack(loc, due)` in the helper (in this process's `snapshot_pool` until
+        the helper is ready, or once it is gone)."""
+        due = [replace(d, checkpoint=Path(d.checkpoint).absolute()) for d in due]
+        rows = [[d.slice, d.version, str(d.checkpoint), _ref_row(d.previous)] for d in due]
+        body = ["pack", loc.bucket, None, loc.app, loc.prefix, loc.table, rows]
+        here = partial(snapshot_pool().submit, upload_pack, loc, due)
+        return self._send(_Request(Future(), body, here, decode=_pack_refs))
 
     def _send(self, req: _Request) -> Future:
         req.future.set_running_or_notify_cancel()  # like a started transfer: not cancellable
@@ -325,9 +311,22 @@ class TransferProcess:
         inner.add_done_callback(copy)
 
 
-def _snap_ref(value: list) -> tuple[SnapRef, int]:
-    version, key, size, files, sent = value
-    return SnapRef(version, key, size, files), sent
+def _ref_row(ref: SnapRef | None) -> list | None:
+    return None if ref is None else [ref.version, ref.key, ref.bytes, ref.files, ref.at, ref.length]
+
+
+def _ref(row: list | None) -> SnapRef | None:
+    if row is None:
+        return None
+    version, key, size, files, at, length = row
+    return SnapRef(version, key, size, files, at=at, length=length)
+
+
+def _pack_refs(value: list) -> dict[int, tuple[SnapRef, int]]:
+    out = {}
+    for slice_id, version, key, size, files, at, length, sent in value:
+        out[slice_id] = (SnapRef(version, key, size, files, at=at, length=length), sent)
+    return out
 
 
 def in_helper(future: Future) -> bool:
@@ -356,18 +355,21 @@ def _serve(src: BinaryIO, out: BinaryIO) -> None:
     def run(request: list) -> None:
         rid, op, bucket, key, *rest = request
         what = f"s3://{bucket}/{key}"
-        if op == "snap":
-            what = f"snapshot of slice {rest[3]} v{rest[4]} to s3://{bucket}/{rest[1]}"
+        if op == "pack":
+            what = f"snapshot pack of slices {[row[0] for row in rest[3]]} to s3://{bucket}"
         try:
             if op == "sst":
-                name, size, crc, dest = rest
-                done: Any = download_sst(bucket, SstFile(name, key, size, crc), Path(dest))
-            elif op == "snap":
-                app, prefix, table, slice_id, version, previous_version, checkpoint = rest
+                name, size, crc, dest, offset = rest
+                f = SstFile(name, key, size, crc, offset)
+                done: Any = download_sst(bucket, f, Path(dest))
+            elif op == "pack":
+                app, prefix, table, rows = rest
                 loc = AppLocation(app=app, bucket=bucket, prefix=prefix, table=table)
-                previous = None if key is None else SnapRef(previous_version, key, 0, 0)
-                ref, sent = upload_checkpoint(loc, slice_id, version, Path(checkpoint), previous)
-                done = [ref.version, ref.key, ref.bytes, ref.files, sent]
+                due = [Due(s, v, Path(ck), _ref(prev)) for s, v, ck, prev in rows]
+                done = [
+                    [s, ref.version, ref.key, ref.bytes, ref.files, ref.at, ref.length, sent]
+                    for s, (ref, sent) in upload_pack(loc, due).items()
+                ]
             else:
                 done = get_bytes(bucket, key, rest[0])
             reply = [rid, "ok", done]

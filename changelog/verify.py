@@ -68,8 +68,8 @@ def _paths(head: Head) -> list[RestorePlan]:
 def _check_slice(loc: AppLocation, slices: int, head: Head, rebuild: bool) -> VerifyReport:
     r = VerifyReport(slices=1)
     durable = DurableState(loc)
-    sessions: dict[str, int | None] = {}  # per SST object read: its writing session
-    bad: dict[str, str] = {}  # per SST object refused: why
+    sessions: dict[str, int | None] = {}  # per SST object read (`where`): its writing session
+    bad: dict[str, str] = {}  # per SST object refused (`where`): why
     try:
         plan_restore(head, None, head.version)
         floor = head.snaps[0].version if head.snaps else 0
@@ -87,19 +87,19 @@ def _check_slice(loc: AppLocation, slices: int, head: Head, rebuild: bool) -> Ve
             r.problems.append(f"slice {head.slice} v{entry.version}: {exc}")
     for snap in head.snaps:
         try:
-            m = read_manifest(loc, snap.key, slice_id=head.slice, version=snap.version)
+            m = read_manifest(loc, snap, slice_id=head.slice)
             r.manifests += 1
         except ChangelogError as exc:
             r.problems.append(f"slice {head.slice} snapshot v{snap.version}: {exc}")
             continue
         for f in m.files:
-            if f.key not in sessions and f.key not in bad:
+            if f.where not in sessions and f.where not in bad:
                 try:
-                    sessions[f.key] = scan_sst(loc.bucket, f)
+                    sessions[f.where] = scan_sst(loc.bucket, f)
                 except Exception as exc:  # noqa: BLE001 - reported, not raised
-                    bad[f.key] = str(exc)
-            if f.key in bad:
-                r.problems.append(f"slice {head.slice} snapshot v{snap.version}: {bad[f.key]}")
+                    bad[f.where] = str(exc)
+            if f.where in bad:
+                r.problems.append(f"slice {head.slice} snapshot v{snap.version}: {bad[f.where]}")
             else:
                 r.sst_objects += 1
         foreign = foreign_files(m, sessions)

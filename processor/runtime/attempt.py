@@ -17,7 +17,6 @@ import shutil
 import time
 from concurrent.futures import Future
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from shardless.changelog import fence
@@ -30,7 +29,8 @@ from shardless.changelog.durable import (
     SliceCommit,
 )
 from shardless.changelog.layout import Head, SnapRef, new_uid, snapshot_due
-from shardless.changelog.snapshot import snapshot_pool, upload_checkpoint
+from shardless.changelog.pack import Due, upload_pack
+from shardless.changelog.snapshot import snapshot_pool
 from shardless.changelog.transfer_process import transfer_process
 from shardless.processor.api.handlers import HandlerFactory, handler_for
 from shardless.processor.errors import ProcessorError
@@ -95,7 +95,8 @@ class Attempt:
         self.heads: dict[int, Head | None] = {}
         self.plans: list[tuple[int, int, bool]] = []
         self.stores: dict[int, tuple[Any, Head | None, Any]] = {}
-        self.snapshots: dict[int, Future] = {}
+        self.snapshots: dict[int, Head | None] = {}  # the slices snapshotted: their heads
+        self.pack: Future[dict[int, tuple[SnapRef, int]]] | None = None
         self.uploads_since = 0.0
         self.rows: list[tuple] = []
         self.commits: list[SliceCommit] = []
@@ -177,9 +178,11 @@ class Attempt:
         self._lap("restore")
 
     def checkpoint_snapshots(self) -> None:
-        """A checkpoint of each store whose snapshot is due, its upload started at once."""
+        """A checkpoint of each store whose snapshot is due; their upload, as one pack,
+        started at once."""
         cfg = self.cfg
         self.uploads_since = time.monotonic()  # the snapshots' uploads start from here
+        due = []
         for s, base, _ in self.plans:
             head = self.stores[s][1]
             if s in self.data.spans and snapshot_due(
@@ -187,7 +190,11 @@ class Attempt:
             ):
                 point = self.cache.own / f"snap-{s:05d}-{new_uid()}"
                 self.stores[s][0].checkpoint(point)
-                self.snapshots[s] = _start_snapshot(cfg, s, base, point, head)
+                previous = head.snaps[-1] if head is not None and head.snaps else None
+                due.append(Due(s, base, point, previous))
+                self.snapshots[s] = head
+        if due:
+            self.pack = _start_pack(cfg, due)
         self._lap("snapshot_checkpoints")
 
     def process(self) -> None:
@@ -238,9 +245,8 @@ class Attempt:
 
     def attach_snapshots(self) -> None:
         """The snapshots' uploads awaited and referenced from their slices' commits."""
-        heads = {s: self.stores[s][1] for s in self.snapshots}
         self.commits, self.metrics["snapshots"], self.metrics["snapshot_bytes"] = with_snapshots(
-            self.commits, self.snapshots, heads
+            self.commits, self.pack, self.snapshots
         )
         self._lap("snapshot_wait")
 
@@ -321,19 +327,19 @@ class Attempt:
         self._lap("remember")
 
 
-def _start_snapshot(
-    cfg: RuntimeConfig, slice_id: int, version: int, checkpoint: Path, head: Head | None
-) -> Future[tuple[SnapRef, int]]:
-    """Start uploading a checkpoint taken at `version` (here, or in the helper process with
-    `snapshot_uploads="helper"`); the checkpoint is removed once the upload is over."""
-    previous = head.snaps[-1] if head is not None and head.snaps else None
+def _start_pack(cfg: RuntimeConfig, due: list[Due]) -> Future[dict[int, tuple[SnapRef, int]]]:
+    """Start uploading the checkpoints of `due` as one pack (here, or in the helper
+    process with `snapshot_uploads="helper"`); the checkpoints are removed once it is over."""
     if cfg.snapshot_uploads == "helper":
-        future = transfer_process().snapshot(cfg.location, slice_id, version, checkpoint, previous)
+        future = transfer_process().pack(cfg.location, due)
     else:
-        future = snapshot_pool().submit(
-            upload_checkpoint, cfg.location, slice_id, version, checkpoint, previous
-        )
-    future.add_done_callback(lambda _: shutil.rmtree(checkpoint, ignore_errors=True))
+        future = snapshot_pool().submit(upload_pack, cfg.location, due)
+
+    def remove(_: Future) -> None:
+        for d in due:
+            shutil.rmtree(d.checkpoint, ignore_errors=True)
+
+    future.add_done_callback(remove)
     return future
 
 
@@ -385,32 +391,34 @@ def _check_range(group: int, slices: list[int], total: int, partitions: int) -> 
         )
 
 
-def _snapshot_result(s: int, future: Future, head: Head | None) -> tuple[SnapRef, int] | None:
-    """A snapshot's reference (naming the batch that committed its version, from `head`'s
-    log) and the bytes it sent; None when it failed."""
-    try:
-        ref, sent = future.result()
-    except Exception as exc:  # noqa: BLE001 - a snapshot is an optimisation; commit without it
-        log.warning("slice %s: snapshot failed, committing without it: %s", s, exc)
-        return None
+def _with_batch(ref: SnapRef, head: Head | None) -> SnapRef:
+    """A snapshot's reference naming the batch that committed its version (from `head`'s
+    log)."""
     entry = next((e for e in head.log if e.version == ref.version), None) if head else None
-    if entry is not None:
-        ref = replace(ref, batch=entry.batch, query=entry.query)
-    return ref, sent
+    return ref if entry is None else replace(ref, batch=entry.batch, query=entry.query)
 
 
 def with_snapshots(
-    commits: list[SliceCommit], snapshots: dict[int, Future], heads: dict[int, Head | None]
+    commits: list[SliceCommit],
+    pack: Future[dict[int, tuple[SnapRef, int]]] | None,
+    heads: dict[int, Head | None],
 ) -> tuple[list[SliceCommit], int, int]:
-    """Attach the snapshots taken this batch to their slices' commits. A snapshot that
-    failed is left out (logged); one of a slice that commits nothing is unreferenced
-    and garbage-collected."""
-    results = {s: _snapshot_result(s, f, heads[s]) for s, f in snapshots.items()}
+    """Attach the snapshots of the batch's pack to their slices' commits (`heads`: the
+    slices snapshotted, each with its head before the batch). A pack that failed is left
+    out (logged): a snapshot is an optimisation. One of a slice that commits nothing is
+    unreferenced and garbage-collected."""
+    results: dict[int, tuple[SnapRef, int]] = {}
+    if pack is not None:
+        try:
+            results = pack.result()
+        except Exception as exc:  # noqa: BLE001 - commit without the snapshots
+            log.warning("slices %s: snapshots failed, committing without them: %s",
+                        sorted(heads), exc)  # fmt: skip
     out, count, sent = [], 0, 0
     for c in commits:
         found = results.get(c.slice)
         if found is not None:
-            c = replace(c, snapshot=found[0])
+            c = replace(c, snapshot=_with_batch(found[0], heads.get(c.slice)))
             count += 1
             sent += found[1]
         out.append(c)

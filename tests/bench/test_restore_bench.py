@@ -19,6 +19,9 @@ def test_every_commit_of_a_batch_is_counted_and_billed(aws, tmp_path):  # noqa: 
     steady = out["steady_batch_requests"]
     assert steady["dynamodb.TransactWriteItems"] == 8 == out["dynamodb_writes_per_batch"]
     assert out["s3_puts_per_batch"] == 8 == steady["s3.PutObject:segment"]
+    # a group's due snapshots go out as one pack: at most one snapshot PUT per group
+    assert 0 < out["s3_snapshot_puts_per_batch"] <= 8
+    assert out["s3_puts_per_batch_with_snapshots"] <= 16
     # each head is a transactional write of at least 2 units; each fence check 2 read units
     assert out["dynamodb_write_units_per_batch"] >= 2 * 256
     assert out["dynamodb_read_units_per_batch"] == 2 * 8
@@ -54,6 +57,7 @@ def test_a_chain_commit_bills_one_link_per_group_whatever_the_slice_count(aws, t
         assert out["dynamodb_write_units_per_batch"] == 2 * 8, slices
         assert out["dynamodb_read_units_per_batch"] == 2 * 8
         assert out["s3_puts_per_batch"] == 8
+        assert 0 < out["s3_snapshot_puts_per_batch"] <= 8, slices  # one pack per group
         assert out["idle_batch_requests"] == 0 and out["idle_batch_units"] == 0
         # the first batch took every slice over: one head write each, once
         assert out["first_batch_requests"]["dynamodb.TransactWriteItems"] >= 8

@@ -34,6 +34,7 @@ from shardless.changelog.layout import (
     head_from_item,
     head_item,
     manifest_key,
+    pack_key,
 )
 from shardless.changelog.segment import encode_segment, index_length
 
@@ -73,7 +74,9 @@ def links(draw: st.DrawFn, within: SliceRange) -> Link:
     snapped = tuple(sorted(draw(st.sets(st.sampled_from(slices))))) if slices else ()
     snapshots = tuple(
         LinkSnapshot(s, draw(st.binary(min_size=16, max_size=16)).hex(),
-                     draw(st.integers(0, 2**40)), draw(st.integers(0, 10**4)))
+                     draw(st.integers(0, 2**40)), draw(st.integers(0, 10**4)),
+                     *draw(st.sampled_from([(), (draw(st.integers(0, 2**40)),
+                                                 draw(st.integers(1, 2**20)))])))
         for s in snapped
     )  # fmt: skip
     return Link(
@@ -280,3 +283,12 @@ def test_link_snapshot_keeps_the_uid_of_a_manifest_key() -> None:
     assert link_snapshot(ref, 3) == LinkSnapshot(3, "ab" * 16, 10, 2)
     with pytest.raises(ValueError, match="does not end in -<uid>.manifest"):
         link_snapshot(SnapRef(7, "elsewhere/x.manifest", 10, 2), 3)
+
+
+def test_link_snapshot_keeps_the_uid_and_range_of_a_packed_manifest() -> None:
+    ref = SnapRef(7, pack_key(LOC, "cd" * 16), 10, 2, at=300, length=120)
+    short = link_snapshot(ref, 3)
+    assert short == LinkSnapshot(3, "cd" * 16, 10, 2, 300, 120)
+    assert short.key(LOC, 7) == ref.key
+    with pytest.raises(ValueError, match="does not end in /<uid>.pack"):
+        link_snapshot(SnapRef(7, "elsewhere/x", 10, 2, at=1, length=2), 3)

@@ -4,6 +4,8 @@ same batch starts from) and every version back to the oldest retained snapshot."
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import msgpack
 import pytest
 from hypothesis import given, settings
@@ -139,6 +141,17 @@ def test_history_encoding_round_trips(versions):
     snaps = tuple(snap(v) for v in versions)
     assert decode_log(encode_log(log)) == log
     assert decode_snaps(encode_snaps(snaps)) == snaps
+
+
+@given(st.lists(st.tuples(st.integers(1, 10**9), st.booleans(), st.integers(0, 2**40))))
+def test_snapshot_lists_keep_the_range_of_a_packed_manifest(rows):
+    snaps = tuple(
+        replace(snap(v), at=at, length=100 + v % 1000) if packed else snap(v)
+        for v, packed, at in rows
+    )
+    assert decode_snaps(encode_snaps(snaps)) == snaps
+    for s in snaps:
+        assert s.byte_range == (f"bytes={s.at}-{s.at + s.length - 1}" if s.at >= 0 else None)
 
 
 uids = st.one_of(

@@ -164,7 +164,7 @@ def test_snapshot_of_another_slice_is_refused(location, tmp_path):
     ref, _, _ = snapshot_of(durable, writer, 9, tmp_path)
     manifests._items.clear()
     with pytest.raises(CorruptObjectError, match=f"{ref.key}.*expected app .* slice 10"):
-        read_manifest(location, ref.key, slice_id=10, version=2)
+        read_manifest(location, ref, slice_id=10)
 
 
 def test_missing_object_names_the_key_and_what_to_do(location, tmp_path):

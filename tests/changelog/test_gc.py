@@ -143,3 +143,55 @@ def test_a_commit_whose_uploads_began_before_the_gc_horizon_is_refused(location)
     assert fence.horizon(location) == before + 2 * 3_600_000  # a dry run deletes nothing
     gc.collect(location, SLICES, dry_run=False, now_ms=before)
     assert fence.horizon(location) == before + 2 * 3_600_000  # it only moves forward
+
+
+def test_a_pack_is_kept_while_any_slice_needs_part_of_it(location, tmp_path, clock_ahead):
+    """Slices 1 and 2 snapshot into one pack; slice 1 moves on to a newer snapshot of its
+    own, whose files are new: the pack stays for slice 2. Once slice 2 moves on too, the
+    pack goes after the grace period, and both slices still restore."""
+    from shardless.changelog.pack import Due, upload_pack
+    from tests.changelog.test_durable import open_store
+
+    durable = DurableState(location, keep_snapshots=1)
+    stores = {s: open_store(location, tmp_path, s, f"w{s}") for s in (1, 2)}
+
+    def step(s: int, version: int, snapshot=None) -> None:
+        change = [kv(version * 10 + s, "x" * 2000)]
+        done = commit(durable, s, version, change, batch=version, snapshot=snapshot)
+        stores[s].commit(change, version, tag=done.uid)
+
+    for s in (1, 2):
+        step(s, 1)
+    shared = upload_pack(
+        location, [Due(s, 1, stores[s].checkpoint(tmp_path / f"ck{s}-1")) for s in (1, 2)]
+    )
+    pack = shared[1][0].key
+    for s in (1, 2):
+        step(s, 2, snapshot=shared[s][0])
+
+    def moves_on(s: int) -> None:
+        # the slice's store at version 2 is rebuilt elsewhere, with files of its own: its
+        # next snapshot shares nothing with the pack
+        stores[s].close()
+        stores[s] = open_store(location, tmp_path, s, f"w{s}-again")
+        stores[s].commit([kv(100 + s, "y" * 3000)], 2)
+        point = stores[s].checkpoint(tmp_path / f"ck{s}-2")
+        ref, _ = upload_pack(location, [Due(s, 2, point, shared[s][0])])[s]
+        step(s, 3, snapshot=ref)
+
+    moves_on(1)
+    assert pack in gc.referenced(location, SLICES)
+    gc.collect(location, SLICES, dry_run=False, now_ms=clock_ahead(0))
+    gc.collect(location, SLICES, dry_run=False, now_ms=clock_ahead(2 * HOUR_MS))
+    assert pack in keys(location)
+    moves_on(2)  # committed "2 hours later", after gc's horizon
+    assert pack not in gc.referenced(location, SLICES)
+    gc.collect(location, SLICES, dry_run=False, now_ms=clock_ahead(4 * HOUR_MS))
+    report = gc.collect(location, SLICES, dry_run=False, now_ms=clock_ahead(6 * HOUR_MS))
+    assert pack in report.deleted and pack not in keys(location)
+    for s in (1, 2):
+        shutil.rmtree(tmp_path / f"r{s}", ignore_errors=True)
+        store, _ = materialize(durable, durable.heads([s])[s], tmp_path / f"r{s}", SLICES)
+        assert dict(store.items()) == dict(stores[s].items())
+        store.close()
+        stores[s].close()

@@ -19,6 +19,7 @@ from shardless.changelog import sst as sst_module
 from shardless.changelog.download import download_snapshot
 from shardless.changelog.durable import DurableState
 from shardless.changelog.errors import CorruptObjectError, MissingObjectError
+from shardless.changelog.layout import SnapRef
 from shardless.changelog.manifest import SstFile, encode_manifest, manifests, read_manifest
 from shardless.changelog.restore import identity, materialize, restore
 from shardless.changelog.snapshot import upload_checkpoint, write_snapshot
@@ -60,7 +61,7 @@ def test_a_snapshot_of_another_store_does_not_reuse_a_file_of_the_same_name(
     assert any((p.name, p.stat().st_size) in a_files for p in point.iterdir()), "no clash"
     ref_b, _ = upload_checkpoint(location, SLICE, 2, point, ref_a)  # as the runtime does
     manifests._items.clear()
-    m_b = read_manifest(location, ref_b.key, slice_id=SLICE, version=2)
+    m_b = read_manifest(location, ref_b, slice_id=SLICE)
     download_snapshot(location, m_b, tmp_path / "r")
     restored = open_store(location, tmp_path / "r")
     assert dict(restored.items()) == dict(b.items())
@@ -127,7 +128,7 @@ def test_a_manifest_naming_a_file_rocksdb_would_not_write_is_refused(
     key = f"{location.prefix}/snapshots/slice-{SLICE:05d}/v{1:012d}-forged.manifest"
     boto3.client("s3").put_object(Bucket=location.bucket, Key=key, Body=encode_manifest(forged))
     with pytest.raises(CorruptObjectError, match=re.escape(repr(name))) as caught:
-        read_manifest(location, key, slice_id=SLICE, version=1)
+        read_manifest(location, SnapRef(1, key, 0, 0), slice_id=SLICE)
     assert key in str(caught.value)
     with pytest.raises(CorruptObjectError, match="not a RocksDB file name"):
         download_snapshot(location, forged, tmp_path / "restore" / "r")
@@ -148,7 +149,7 @@ def test_a_manifest_naming_another_slices_or_applications_object_is_refused(
     where = f"{location.prefix}/snapshots/slice-{SLICE:05d}/v{1:012d}-forged.manifest"
     boto3.client("s3").put_object(Bucket=location.bucket, Key=where, Body=encode_manifest(forged))
     with pytest.raises(CorruptObjectError, match="outside the slice's own SST objects"):
-        read_manifest(location, where, slice_id=SLICE, version=1)
+        read_manifest(location, SnapRef(1, where, 0, 0), slice_id=SLICE)
 
 
 def _share_on_name_and_size(loc, key, path, size, previous):

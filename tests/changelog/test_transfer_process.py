@@ -17,8 +17,10 @@ from shardless.changelog.download import IN_PROCESS, download_snapshot
 from shardless.changelog.durable import DurableState, section_range
 from shardless.changelog.errors import CorruptObjectError, MissingObjectError
 from shardless.changelog.manifest import manifests, read_manifest
+from shardless.changelog.pack import Due
 from shardless.changelog.restore import identity, restore_many
 from shardless.changelog.restore_jobs import RestoreJob
+from shardless.changelog.sst import object_size
 from shardless.changelog.transfer_process import (
     TRANSFER_PROCESS_BYTES,
     TransferError,
@@ -91,7 +93,7 @@ def test_the_helper_refuses_a_corrupt_sst_object_naming_it(location, tmp_path, h
         build(location, tmp_path, s, 3, snapshot_at=2)
     heads = durable.heads([1, 2])
     snap = heads[2].snaps[-1]
-    bad = read_manifest(location, snap.key, slice_id=2, version=snap.version).files[0].key
+    bad = read_manifest(location, snap, slice_id=2).files[0].key
     corrupt(location, bad)
     manifests._items.clear()
     by_slice = {
@@ -200,7 +202,7 @@ def _writer(location, tmp_path, slice_id: int, versions: range) -> SliceStore:
 
 def _restored(location, tmp_path, ref, slice_id: int, name: str) -> dict:
     manifests._items.clear()
-    m = read_manifest(location, ref.key, slice_id=slice_id, version=ref.version)
+    m = read_manifest(location, ref, slice_id=slice_id)
     download_snapshot(location, m, tmp_path / name)
     store = SliceStore(tmp_path / name, identity(location.app, slice_id, SLICES))
     try:
@@ -209,29 +211,34 @@ def _restored(location, tmp_path, ref, slice_id: int, name: str) -> dict:
         store.close()
 
 
-def test_a_snapshot_uploads_in_the_helper_sharing_the_files_of_the_one_before(
+def test_a_pack_uploads_in_the_helper_sharing_the_files_of_the_snapshots_before(
     location, tmp_path, helper
 ):
-    writer = _writer(location, tmp_path, 4, range(1, 3))
-    first = writer.checkpoint(tmp_path / "ck-2")
-    ref, sent = helper.snapshot(location, 4, 2, first, None).result(timeout=60)
-    assert (ref.version, helper.sent, helper.ran_here) == (2, 1, 0)
-    assert sent > ref.bytes * 0.9  # everything is new
-    assert _restored(location, tmp_path, ref, 4, "r-2") == dict(writer.items())
+    writers = {s: _writer(location, tmp_path, s, range(1, 3)) for s in (4, 5)}
+    due = [Due(s, 2, w.checkpoint(tmp_path / f"ck-{s}-2")) for s, w in writers.items()]
+    first = helper.pack(location, due).result(timeout=60)
+    assert sorted(first) == [4, 5] and (helper.sent, helper.ran_here) == (1, 0)
+    ref = first[4][0]
+    assert ref.version == 2 and ref.at > 0 and ref.key == first[5][0].key  # one object
+    assert first[4][1] > ref.bytes * 0.9  # everything is new
+    for s, w in writers.items():
+        assert _restored(location, tmp_path, first[s][0], s, f"r-{s}-2") == dict(w.items())
+    w4 = writers[4]
     for v in range(3, 5):
-        writer.commit([(b"\x01n%05d" % v, b"new")], v)
-    second = writer.checkpoint(tmp_path / "ck-4")
-    ref2, sent2 = helper.snapshot(location, 4, 4, second, ref).result(timeout=60)
+        w4.commit([(b"\x01n%05d" % v, b"new")], v)
+    second = w4.checkpoint(tmp_path / "ck-4-4")
+    got = helper.pack(location, [Due(4, 4, second, ref)]).result(timeout=60)
+    ref2, sent2 = got[4]
     assert (ref2.version, helper.sent, helper.ran_here) == (4, 2, 0)
-    m1 = read_manifest(location, ref.key, slice_id=4, version=2)
-    m2 = read_manifest(location, ref2.key, slice_id=4, version=4)
-    shared = {f.key for f in m1.files} & {f.key for f in m2.files}
-    new = sum(f.size for f in m2.files if f.key not in shared)
-    manifest = boto3.client("s3").head_object(Bucket=location.bucket, Key=ref2.key)
-    assert shared and sent2 == new + manifest["ContentLength"]  # shared files not sent again
-    assert _restored(location, tmp_path, ref2, 4, "r-4") == dict(writer.items())
-    assert first.is_dir() and second.is_dir()  # removing a checkpoint is the caller's
-    writer.close()
+    m1 = read_manifest(location, ref, slice_id=4)
+    m2 = read_manifest(location, ref2, slice_id=4)
+    shared = {f.where for f in m1.files} & {f.where for f in m2.files}
+    new = sum(object_size(f.size) for f in m2.files if f.where not in shared)
+    assert shared and sent2 == new + ref2.length  # shared files not sent again
+    assert _restored(location, tmp_path, ref2, 4, "r-4-4") == dict(w4.items())
+    assert second.is_dir()  # removing a checkpoint is the caller's
+    for w in writers.values():
+        w.close()
 
 
 def test_a_snapshot_left_by_a_helper_that_dies_is_taken_here(location, tmp_path):
@@ -242,10 +249,10 @@ def test_a_snapshot_left_by_a_helper_that_dies_is_taken_here(location, tmp_path)
         assert tp.wait_ready(60)
         pid = tp.helper_pid
         os.kill(pid, signal.SIGSTOP)  # it takes the request and never answers
-        future = tp.snapshot(location, 6, 3, point, None)
+        future = tp.pack(location, [Due(6, 3, point)])
         assert not future.done() and tp.sent == 1
         os.kill(pid, signal.SIGKILL)
-        ref, _ = future.result(timeout=60)
+        ref, _ = future.result(timeout=60)[6]
         assert tp.ran_here == 1 and ref.version == 3
         assert _restored(location, tmp_path, ref, 6, "r-3") == dict(writer.items())
     finally:
@@ -253,8 +260,10 @@ def test_a_snapshot_left_by_a_helper_that_dies_is_taken_here(location, tmp_path)
         writer.close()
 
 
-def test_a_snapshot_the_helper_cannot_take_names_the_slice_and_version(location, tmp_path, helper):
-    future = helper.snapshot(location, 9, 5, tmp_path / "no-such-checkpoint", None)
-    with pytest.raises(TransferError, match=r"snapshot of slice 9 v5 to s3://.*FileNotFound"):
+def test_a_pack_the_helper_cannot_take_names_its_slices(location, tmp_path, helper):
+    future = helper.pack(location, [Due(9, 5, tmp_path / "no-such-checkpoint")])
+    with pytest.raises(
+        TransferError, match=r"snapshot pack of slices \[9\] to s3://.*FileNotFound"
+    ):
         future.result(timeout=60)
     assert helper.ran_here == 0

@@ -404,17 +404,20 @@ def test_snapshots_upload_where_configured_name_their_batch_and_restore(
 
     r = runner(location, tmp_path, snapshot_every=2, snapshot_uploads=uploads)
     hot = ["user-1"] * 3
-    taken = 0
+    taken = packs = 0
     for b in range(6):
         out = r.run(0, "q", b, frame(KEYS[b * 20 : (b + 1) * 20] + hot, b * 100))
-        taken += json.loads(out[out.kind == "metrics"].value.iloc[0])["snapshots"]
+        snapshots = json.loads(out[out.kind == "metrics"].value.iloc[0])["snapshots"]
+        taken += snapshots
+        packs += snapshots > 0  # a batch's snapshots are one pack, one upload
+    assert taken > packs
     s = route("user-1", None, SLICES)
     head = DurableState(location).heads([s])[s]
     assert taken >= 2 and head.snaps
     # each snapshot names the batch that committed its version (batch b commits b + 1)
     assert all((x.batch, x.query) == (x.version - 1, query_tag("q")) for x in head.snaps)
     if uploads == "helper":
-        assert (helper.sent, helper.ran_here) == (taken, 0)
+        assert (helper.sent, helper.ran_here) == (packs, 0)
     else:
         assert (helper.sent, helper.ran_here) == (0, 0)
     assert not list(tmp_path.glob("**/snap-*"))  # every checkpoint removed after its upload
@@ -431,12 +434,13 @@ def test_a_snapshot_the_helper_cannot_take_is_left_out_and_the_batch_commits(
 ):
     from shardless.processor.runtime import attempt
 
-    def no_checkpoint(cfg, slice_id, version, checkpoint, head):
-        shutil.rmtree(checkpoint)  # the helper finds nothing to upload
-        return start(cfg, slice_id, version, checkpoint, head)
+    def no_checkpoint(cfg, due):
+        for d in due:
+            shutil.rmtree(d.checkpoint)  # the helper finds nothing to upload
+        return start(cfg, due)
 
-    start = attempt._start_snapshot
-    monkeypatch.setattr(attempt, "_start_snapshot", no_checkpoint)
+    start = attempt._start_pack
+    monkeypatch.setattr(attempt, "_start_pack", no_checkpoint)
     r = runner(location, tmp_path, snapshot_every=1, snapshot_uploads="helper")
     r.run(0, "q", 0, frame(["user-1"]))
     out = r.run(0, "q", 1, frame(["user-1"], 100))
@@ -446,8 +450,8 @@ def test_a_snapshot_the_helper_cannot_take_is_left_out_and_the_batch_commits(
     head = DurableState(location).heads([s])[s]
     assert (head.version, head.snaps) == (2, ())
     assert helper.sent == 1 and helper.ran_here == 0
-    assert f"slice {s}: snapshot failed, committing without it" in caplog.text
-    assert f"snapshot of slice {s} v1" in caplog.text
+    assert f"slices [{s}]: snapshots failed, committing without them" in caplog.text
+    assert f"snapshot pack of slices [{s}]" in caplog.text
 
 
 def test_the_batch_before_a_snapshot_starts_its_memtable_flush(location, tmp_path):
