@@ -45,7 +45,8 @@ from bench.batch_cost import batch_cost, cost_table, counter, keys_by_slice, new
 from bench.billing import Requests
 from shardless.changelog import aws, restore_transfers
 from shardless.changelog.durable import DurableState, SliceCommit
-from shardless.changelog.layout import AppLocation, Head, plan_restore
+from shardless.changelog.history import plan_restore
+from shardless.changelog.layout import AppLocation, Head
 from shardless.changelog.manifest import manifests, read_manifest
 from shardless.changelog.objects import FILE_THREADS
 from shardless.changelog.pack import Due, write_pack

@@ -24,6 +24,7 @@ from typing import Any
 import msgpack
 
 from shardless.changelog.errors import ContinuityError, CorruptObjectError
+from shardless.changelog.history import next_history
 from shardless.changelog.layout import (
     TIMERS_UNKNOWN,
     AppLocation,
@@ -31,7 +32,6 @@ from shardless.changelog.layout import (
     LogEntry,
     SnapRef,
     manifest_key,
-    next_history,
     pack_key,
     query_tag,
 )

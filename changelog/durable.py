@@ -39,6 +39,7 @@ from shardless.changelog.errors import (
     MissingObjectError,
     ThrottledError,
 )
+from shardless.changelog.history import next_history
 from shardless.changelog.layout import (
     HEAD_SK,
     AppLocation,
@@ -50,7 +51,6 @@ from shardless.changelog.layout import (
     head_from_item,
     head_item,
     new_uid,
-    next_history,
     query_tag,
     segment_key,
     slice_of_pk,

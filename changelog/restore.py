@@ -40,7 +40,8 @@ from pathlib import Path
 from shardless.changelog.download import IN_PROCESS, Transfers, settle
 from shardless.changelog.durable import DurableState
 from shardless.changelog.errors import ContinuityError, CorruptObjectError, MissingObjectError
-from shardless.changelog.layout import Head, RestorePlan, plan_restore
+from shardless.changelog.history import RestorePlan, plan_restore
+from shardless.changelog.layout import Head
 from shardless.changelog.restore_jobs import (
     Progress,
     RestoreJob,

@@ -13,7 +13,8 @@ from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from shardless.changelog.layout import Head, RestorePlan
+from shardless.changelog.history import RestorePlan
+from shardless.changelog.layout import Head
 from shardless.changelog.manifest import Manifest
 from shardless.state.store import SliceStore
 

@@ -16,6 +16,7 @@ from botocore.exceptions import ClientError
 from shardless.changelog import aws, fence, resources
 from shardless.changelog.durable import DurableState
 from shardless.changelog.errors import ChangelogError, CommitConflictError
+from shardless.changelog.history import plan_restore
 from shardless.changelog.layout import (
     HEAD_SK,
     TIMERS_UNKNOWN,
@@ -24,7 +25,6 @@ from shardless.changelog.layout import (
     encode_log,
     encode_snaps,
     head_condition,
-    plan_restore,
     query_tag,
     slice_pk,
 )

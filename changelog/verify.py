@@ -23,8 +23,9 @@ from pathlib import Path
 from shardless.changelog import resources
 from shardless.changelog.durable import DurableState
 from shardless.changelog.errors import ChangelogError
+from shardless.changelog.history import RestorePlan, plan_restore
 from shardless.changelog.inspect import digest
-from shardless.changelog.layout import AppLocation, Head, RestorePlan, plan_restore
+from shardless.changelog.layout import AppLocation, Head
 from shardless.changelog.manifest import read_manifest
 from shardless.changelog.restore import identity, restore
 from shardless.changelog.sst import foreign_files, scan_sst

@@ -28,7 +28,8 @@ from shardless.changelog.durable import (
     HeadConflictError,
     SliceCommit,
 )
-from shardless.changelog.layout import Head, SnapRef, new_uid, snapshot_due
+from shardless.changelog.history import snapshot_due
+from shardless.changelog.layout import Head, SnapRef, new_uid
 from shardless.changelog.pack import Due, upload_pack
 from shardless.changelog.snapshot import snapshot_pool
 from shardless.changelog.transfer_process import transfer_process

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shardless.changelog.history import next_history, plan_restore, snapshot_due
 from shardless.changelog.layout import (
     Head,
     LogEntry,
@@ -20,11 +21,8 @@ from shardless.changelog.layout import (
     encode_log,
     encode_snaps,
     new_uid,
-    next_history,
-    plan_restore,
     slice_of_pk,
     slice_pk,
-    snapshot_due,
 )
 
 KEEP = 3

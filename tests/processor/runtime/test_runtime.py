@@ -457,7 +457,7 @@ def test_a_snapshot_the_helper_cannot_take_is_left_out_and_the_batch_commits(
 def test_the_batch_before_a_snapshot_starts_its_memtable_flush(location, tmp_path):
     import time
 
-    from shardless.changelog.layout import snapshot_due
+    from shardless.changelog.history import snapshot_due
     from shardless.processor.runtime.stores import cache_for
 
     every = 3
