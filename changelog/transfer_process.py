@@ -1,12 +1,10 @@
 """S3 transfers in a helper process: a restore's SST downloads, so that its store opens do
 not stall them, and snapshot uploads, so that they do not stall the slices' handlers.
 
-rocksdict holds Python's GIL while RocksDB opens a store: measured here, another thread of
-the process makes 4% of its usual progress meanwhile. A restore opens one store per slice
-while the transfers of later slices go on, so in one process the opens and the transfer
-threads take turns. Measured here (1 GB over 256 objects from moto server, 2 cores), 256
-store opens beside a parallel download made it 1.06 s slower (median of 6); with the
-download in another process, 0.26 s.
+rocksdict holds Python's GIL while RocksDB opens a store, so another thread of the process
+barely moves meanwhile. A restore opens one store per slice while the transfers of later
+slices go on, so in one process the opens and the transfer threads take turns; with the
+transfers in another process they do not (figures in docs/benchmarks.md, "Restore speed").
 
 So a restore with many bytes of snapshots to fetch (`DurableState.transfer_process_bytes`,
 `TRANSFER_PROCESS_BYTES` by default, the `transfer_process_mb` setting) hands its transfers

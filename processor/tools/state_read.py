@@ -51,6 +51,10 @@ def ls_command(args: argparse.Namespace) -> int:
                 "keys": None,
                 "owner": h.owner if h else "",
                 "epoch": h.epoch if h else 0,
+                # commit_format="chains": the group chain that commits the slice, and the
+                # position from which its links are the slice's versions
+                "chain": h.chain if h else "",
+                "chain_from": h.chain_from if h else 0,
             }
         )
     if args.keys:
