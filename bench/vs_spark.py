@@ -25,6 +25,9 @@ Only when named in --contenders:
   shardless_uploads_in_helper      the shardless contender with its snapshots uploaded by
                                    the worker's helper process (--snapshot-uploads helper)
                                    instead of threads of the group's process
+  shardless_chains                 the shardless contender committing one link per group
+                                   and batch (--commit-format chains, the preview of
+                                   docs/design/group-commits.md)
 """
 
 from __future__ import annotations
@@ -65,8 +68,9 @@ CONTENDERS = (
     "python_floor",
 )
 # run only when named in --contenders: shardless with its snapshots uploaded by the worker's
-# helper process (`snapshot_uploads="helper"`), the A/B of the helper's uploads
-OPTIONAL = ("shardless_uploads_in_helper",)
+# helper process (`snapshot_uploads="helper"`), the A/B of the helper's uploads; and with
+# commit_format="chains", the A/B of the commit's cost
+OPTIONAL = ("shardless_uploads_in_helper", "shardless_chains")
 PANDAS = ("apply_in_pandas_with_state", "transform_with_state_in_pandas")
 WORKLOADS = {  # name: (distribution, distinct keys)
     "uniform_1m": ("uniform", 1_000_000),
@@ -293,6 +297,7 @@ def query_for(
         local_dir=local_dir,
         group_owner="worker" if contender == "shardless_worker_stores" else group_owner,
         snapshot_uploads="helper" if contender == "shardless_uploads_in_helper" else "worker",
+        commit_format="chains" if contender == "shardless_chains" else "heads",
     )
     resources.ensure(cfg.location, cfg.slices)
     records = as_records(src, slices)
