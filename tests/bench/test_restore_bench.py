@@ -39,6 +39,25 @@ def test_a_tenth_of_the_slices_costs_a_tenth_of_the_heads(aws, tmp_path):  # noq
     assert 2 * 26 <= out["dynamodb_write_units_per_batch"] < 2 * 256
 
 
+def test_a_tenth_of_the_slices_on_chains_costs_one_link_per_group_after_the_first_batch(
+    aws, tmp_path
+):  # noqa: ANN001
+    """The first batch touches every slice, so it takes each over into its group's chain
+    (reported apart); after it, a batch touching 10 % of the slices writes one link per
+    group that changed something and reads no head."""
+    requests = billing.Requests()
+    try:
+        out = batch_cost.batch_cost(
+            tmp_path, requests, restore.frame, 256, 8, 4, touched=0.1, commit_format="chains"
+        )
+    finally:
+        requests.close()
+    assert out["dynamodb_write_units_per_batch"] <= 2 * 8
+    assert "dynamodb.BatchGetItem" not in out["steady_batch_requests"]
+    first = out["first_batch_requests"]
+    assert first["dynamodb.TransactWriteItems"] >= 8 and first["s3.PutObject:segment"] == 8
+
+
 @pytest.mark.slow
 def test_a_chain_commit_bills_one_link_per_group_whatever_the_slice_count(aws, tmp_path):  # noqa: ANN001
     """commit_format="chains": each group's batch is one link of under 1 KB (2 write units)
