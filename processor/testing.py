@@ -1,29 +1,35 @@
 """Test a handler without Spark or AWS, on the same state and timer code that runs in a job.
 
-    from shardless.processor.testing import TestDriver
+    from shardless import TestDriver
 
-    driver = TestDriver(process)                  # or a handler class, or an app file path
-    driver.send("user-1", {"action": "view"})
-    assert driver.run_batch() == [("user-1", {"user": "user-1", "count": 1})]
-    assert driver.state("user-1") == 1
-    driver.advance(60_000)                        # processing time moves; due timers fire
-    driver.run_batch()
+    with TestDriver(process) as driver:           # or a handler class, or an app file path
+        driver.set_state("user-1", 41)            # committed state, as an earlier batch left it
+        driver.send("user-1", {"action": "view"})
+        assert driver.run_batch() == [("user-1", {"user": "user-1", "count": 42})]
+        assert driver.state("user-1") == 42
+        driver.advance(60_000)                    # processing time moves; due timers fire
+        driver.advance_watermark(1_700_000_060_000)  # event time too; due event timers fire
+        driver.run_batch()
 
 Each `run_batch` is one micro-batch: the queued records in order, then the due timers, then
 a local commit. Processing time is the driver's clock; the watermark is the largest event
-time sent before this batch minus the allowed lateness, as in a Spark job.
+time sent before this batch minus the allowed lateness, as in a Spark job, unless a test
+moves it on with `advance_watermark`. Seeded state goes through the handler API's own
+writes (`Context`), so it is stored, and read back, exactly as a handler's would be.
 """
 
 from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from shardless.processor.api.app import load_handler
-from shardless.processor.api.context import Event, Timer
+from shardless.processor.api.context import Binding, Context, Event, Timer
 from shardless.processor.api.handlers import HandlerFactory
 from shardless.processor.api.policies import RecordPolicy
 from shardless.processor.runtime.dead_letter import DeadLetter
@@ -36,6 +42,8 @@ from shardless.state.transaction import Transaction
 
 
 class TestDriver:
+    """Runs a handler batch by batch on local stores, with clocks the test moves."""
+
     __test__ = False  # not a pytest test class
 
     def __init__(
@@ -75,11 +83,42 @@ class TestDriver:
         self.outputs: list[tuple[str, Any]] = []
         self.policy = policy
         self.dead_letters: list[DeadLetter] = []
+        self._closed = False
+
+    # -- lifetime --------------------------------------------------------------------------
+
+    def __enter__(self) -> TestDriver:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Close on the way out, also when the body raised (whose exception goes on)."""
+        self.close()
+
+    def close(self) -> None:
+        """Close every handler and store and remove the temporary directory (a `directory`
+        given by the test is kept), so RocksDB handles and files do not outlive the test.
+        Closing twice is harmless; using the driver after it raises."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._close_all()
+        finally:
+            if self._tmp is not None:
+                self._tmp.cleanup()
 
     # -- input and clocks ----------------------------------------------------------------
 
-    def send(self, key: str, data: Any, event_time_ms: int | None = None, stream: str = "test"):
-        """Queue a record; dicts and lists are sent as JSON, str as UTF-8."""
+    def send(
+        self, key: str, data: Any, event_time_ms: int | None = None, stream: str = "test"
+    ) -> None:
+        """Queue a record; dicts and lists are sent as JSON, str as UTF-8. `event_time_ms`
+        is its arrival time (default: the processing time), which moves the watermark."""
         if isinstance(data, dict | list):
             data = json.dumps(data).encode()
         elif isinstance(data, str):
@@ -96,10 +135,61 @@ class TestDriver:
         """Move processing time forward."""
         self.now_ms += ms
 
+    def advance_watermark(self, to_ms: int) -> None:
+        """Move the watermark (event time, epoch ms) forward to `to_ms` for the next batches:
+        event timers at or before it fire and event-time TTLs up to it expire, as once a Spark
+        job has seen records up to `to_ms` plus the allowed lateness. It never moves back."""
+        if to_ms < self.watermark_ms:
+            raise ValueError(
+                f"the watermark only moves forward: it is {self.watermark_ms}, not {to_ms}"
+            )
+        self.watermark_ms = to_ms
+
+    # -- seeding state ---------------------------------------------------------------------
+
+    def set_state(
+        self, key: str, value: Any, ttl_ms: int | None = None, on: str = "processing"
+    ) -> None:
+        """Store the key's value and commit it, as if an earlier batch's handler had called
+        `ctx.state.set(value, ttl_ms, on)`: the same encoding (and refusals), TTL and store."""
+        self._seed(key, lambda ctx: ctx.state.set(value, ttl_ms, on))
+
+    def set_map_state(
+        self,
+        key: str,
+        entries: dict[str, Any],
+        ttl_ms: int | None = None,
+        on: str = "processing",
+    ) -> None:
+        """Store map entries under the key (others it has stay) and commit them, as
+        `ctx.state.map.set(sub, value, ttl_ms, on)` for each would."""
+
+        def write(ctx: Context) -> None:
+            for sub, value in entries.items():
+                ctx.state.map.set(sub, value, ttl_ms, on)
+
+        self._seed(key, write)
+
+    def set_timer(self, key: str, ts_ms: int, kind: str = "processing") -> None:
+        """Set a timer of the key and commit it, as `ctx.timers.set(ts_ms, kind)` would."""
+        self._seed(key, lambda ctx: ctx.timers.set(ts_ms, kind))
+
+    def _seed(self, key: str, write: Callable[[Context], None]) -> None:
+        """Run `write` on a Context bound to `key` at the driver's clocks, then commit it."""
+        s = self._slice(key)
+        store = self._store(s)
+        tx = Transaction(store)
+        ctx = Context(s, self.batch_id, tx, self.fmt, self.allow_pickle)
+        Binding(ctx, self.now_ms, self.watermark_ms).bind(key)
+        write(ctx)
+        changes = tx.changes()
+        store.commit(changes, store.version + 1, tx.undo(changes))
+
     # -- running -------------------------------------------------------------------------
 
     def run_batch(self) -> list[tuple[str, Any]]:
         """Run one micro-batch; return what it emitted as (key, value) pairs."""
+        self._check_open()
         self.batch_id += 1
         by_slice: dict[int, list[Event]] = {}
         for event in self._queue:
@@ -124,12 +214,18 @@ class TestDriver:
 
     def restart(self) -> None:
         """Close every store and handler and reopen them, as after a worker restart."""
-        for store in self._stores.values():
-            store.close()
-        for handler in self._handlers.values():
-            handler.close()
+        self._close_all()
+
+    def _close_all(self) -> None:
+        """Close every store, then every handler; the stores close even if a handler's
+        `close` raises."""
+        stores, handlers = list(self._stores.values()), list(self._handlers.values())
         self._stores.clear()
         self._handlers.clear()
+        for store in stores:
+            store.close()
+        for handler in handlers:
+            handler.close()
 
     # -- inspection ----------------------------------------------------------------------
 
@@ -153,6 +249,7 @@ class TestDriver:
         }
 
     def timers(self, key: str) -> list[Timer]:
+        """The key's pending timers, by kind then time."""
         tx = Transaction(self._store(self._slice(key)))
         names = {keys.PROCESSING: "processing", keys.EVENT: "event"}
         return [Timer(key, ts, names[k]) for k, ts in timers.key_timers(tx, key)]
@@ -166,7 +263,12 @@ class TestDriver:
     def _slice(self, key: str) -> int:
         return route(key, None, self.slices)
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this TestDriver is closed")
+
     def _store(self, s: int) -> SliceStore:
+        self._check_open()
         if s not in self._stores:
             self._stores[s] = SliceStore(self.directory / f"slice-{s:05d}", {"slice": s})
         return self._stores[s]
