@@ -4,23 +4,40 @@ shardless local up [--kinesis kinesalite|kinesis-local]   # prints `export ...` 
 shardless local down
 shardless run app.py --app NAME --stream NAME [options]
 shardless demo
+shardless --version | [--log-level LEVEL] [--log-format text|json] COMMAND ...
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import re
 import sys
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from importlib import metadata
 from pathlib import Path
 
 from shardless.changelog.errors import ChangelogError
+from shardless.processor.driver import settings
 from shardless.processor.driver.flags import add_job_flags
-from shardless.processor.errors import ProcessorError
+from shardless.processor.errors import ConfigError, ProcessorError
 from shardless.processor.local import emulators as local_aws
 from shardless.processor.tools import state_cli
 
 STATE_FILE = Path(".shardless/local.json")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_FORMATS = ("text", "json")
+_TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+_NOISY = ("py4j", "botocore", "urllib3", "boto3")
+_SETTINGS_HELP = (
+    "Every option can also be set by a variable, SHARDLESS_ and its name in capitals "
+    "(SHARDLESS_SNAPSHOT_EVERY=16, SHARDLESS_STREAMS=a,b), and in the TOML file of --config "
+    'FILE or $SHARDLESS_CONFIG (snapshot_every = 16, streams = ["a", "b"]). The command line '
+    "wins over the environment, which wins over the file (docs/configuration.md)."
+)
 
 
 def _local_up(args: argparse.Namespace) -> int:
@@ -69,7 +86,10 @@ def _run(args: argparse.Namespace) -> int:
     from shardless.processor.driver.spark import session
 
     handler = load_handler(args.app_file)
-    cfg = job_config(args, checkpoint=args.checkpoint or default_checkpoint(args.app))
+    try:
+        cfg = job_config(args, checkpoint=args.checkpoint or default_checkpoint(args.app))
+    except ConfigError as exc:  # say so when the value it names came from a variable or file
+        raise settings.located(exc, getattr(args, "set_by", {})) from exc
     spark = session(args.master, groups=cfg.groups, app_name=f"shardless-{cfg.app}")
     sink = parquet_sink(args.output) if args.output else console_sink
     query = start(
@@ -118,8 +138,44 @@ def _demo(_: argparse.Namespace) -> int:
     return demo.main()
 
 
+def version() -> str:
+    """The installed package's version (what `shardless --version` prints)."""
+    try:
+        return metadata.version("shardless")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _logging_options(p: argparse.ArgumentParser) -> None:
+    """--log-level and --log-format: the top level's, and `run`'s, so that a TOML file may
+    set them and they may follow `run` on its line."""
+    p.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default="INFO",
+        help="this process's log level (Spark's own JVM log stays at WARN)",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="text",
+        help="json: one JSON object per line (time, level, logger, message, exception)",
+    )
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="shardless", description=__doc__.split("\n")[0])
+    """The `shardless` command's parser. Parse with `parse_args`, which also reads the
+    environment and `run --config FILE`."""
+    p = argparse.ArgumentParser(
+        prog="shardless",
+        description=__doc__.split("\n")[0],
+        epilog="--log-level and --log-format may also be given after `run`, and set by "
+        "SHARDLESS_LOG_LEVEL and SHARDLESS_LOG_FORMAT.",
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    _logging_options(p)
+    settings.allow(p, config_file=False)
     sub = p.add_subparsers(dest="command", required=True)
 
     local = sub.add_parser("local", help="local AWS emulators on 127.0.0.1")
@@ -132,7 +188,11 @@ def parser() -> argparse.ArgumentParser:
     down.add_argument("--state-file", default=str(STATE_FILE))
     down.set_defaults(func=_local_down)
 
-    run = sub.add_parser("run", help="run an app file's process(event, ctx) over Kinesis")
+    run = sub.add_parser(
+        "run",
+        help="run an app file's process(event, ctx) over Kinesis",
+        epilog=_SETTINGS_HELP,
+    )
     run.add_argument("app_file")
     add_job_flags(run)
     run.add_argument("--output", help="write outputs as Parquet here (default: console)")
@@ -144,6 +204,8 @@ def parser() -> argparse.ArgumentParser:
     when = run.add_mutually_exclusive_group()
     when.add_argument("--available-now", action="store_true", help="process what is there, stop")
     when.add_argument("--trigger", help="processing-time trigger, e.g. '5 seconds'")
+    _logging_options(run)
+    settings.allow(run, config_file=True)
     run.set_defaults(func=_run)
 
     produce = sub.add_parser("produce", help="put sample per-user events into a stream")
@@ -158,16 +220,60 @@ def parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="the end-to-end demo on local emulators")
     demo.set_defaults(func=_demo)
     state_cli.add_parser(sub)
+    settings.show_defaults(p)
     return p
 
 
+def parse_args(
+    argv: list[str] | None = None, env: Mapping[str, str] | None = None
+) -> argparse.Namespace:
+    """The command's arguments: the command line's, then for what it leaves out the
+    `SHARDLESS_*` variables of `env` (default: this process's), then `run --config FILE`'s.
+    Raises ConfigError (an unknown key, a bad value, a required option given nowhere)."""
+    argv = sys.argv[1:] if argv is None else argv
+    top = parser()
+    return settings.resolve(top, argv, top.parse_args(argv), os.environ if env is None else env)
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per record, on one line: time (UTC, ISO 8601), level, logger,
+    message, and exception (its traceback text) when the record carries one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            entry["exception"] = record.exc_text
+        if record.stack_info:
+            entry["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
+    """This process's logging, in one place: `level` for shardless and the root logger (the
+    AWS and py4j libraries stay at WARNING or above), as text or JSON lines on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLogFormatter() if fmt == "json" else logging.Formatter(_TEXT_FORMAT))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+    for noisy in _NOISY:
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    for noisy in ("py4j", "botocore", "urllib3", "boto3"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    """Run the command; its exit code. A configuration error, from flags, variables or the
+    file, prints one `shardless: ...` line and returns 2 before anything starts."""
+    try:
+        args = parse_args(argv)
+    except ConfigError as exc:  # before anything starts
+        print(f"shardless: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(args.log_level, args.log_format)
     try:
         return args.func(args)
     except (ProcessorError, ChangelogError, local_aws.LocalAwsError) as exc:

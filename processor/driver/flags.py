@@ -1,6 +1,7 @@
 """`shardless run`'s job flags, made from `JobConfig`'s fields: `--field-name`, its type and
 default from the field, its help and choices from the field's metadata. A new field gets
-its flag, and a changed default reaches the command, with nothing restated."""
+its flag, and a changed default reaches the command, with nothing restated; `settings`
+makes from each flag its TOML key (`field_name`) and variable (`SHARDLESS_FIELD_NAME`)."""
 
 from __future__ import annotations
 
