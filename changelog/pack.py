@@ -16,9 +16,7 @@ The header names the application, which gc reads before it deletes a pack.
 
 from __future__ import annotations
 
-import struct
 import time
-import zlib
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -28,6 +26,7 @@ import msgpack
 
 from shardless.changelog import aws
 from shardless.changelog.errors import CorruptObjectError
+from shardless.changelog.framing import frame, unframe
 from shardless.changelog.layout import AppLocation, SnapRef, new_uid, pack_key, sst_key
 from shardless.changelog.manifest import (
     Manifest,
@@ -42,7 +41,6 @@ from shardless.changelog.sst import local_crcs, object_size, sst_object, upload_
 
 PACK_MAGIC = b"SHPK"
 PACK_FORMAT = 1
-_PACK = struct.Struct(">4sBI")
 PACK_FILE_LIMIT = 16 << 20  # a larger SST file goes alone, uploaded on its own thread
 PACK_LIMIT = 128 << 20  # and so do the files that would take a pack past this
 
@@ -60,26 +58,14 @@ class Due:
 
 def pack_header(app: str, uid: str) -> bytes:
     body = msgpack.packb({"app": app, "uid": uid, "created_ms": int(time.time() * 1000)})
-    return (
-        _PACK.pack(PACK_MAGIC, PACK_FORMAT, len(body)) + body + struct.pack(">I", zlib.crc32(body))
-    )
+    return frame(PACK_MAGIC, PACK_FORMAT, body)
 
 
 def decode_pack_header(raw: bytes, *, where: str) -> dict:
     """The header at the start of a pack (`raw` may be its first few KB)."""
-    if len(raw) < _PACK.size:
-        raise CorruptObjectError(f"{where}: pack truncated ({len(raw)} bytes)")
-    magic, fmt, length = _PACK.unpack_from(raw)
-    if magic != PACK_MAGIC:
-        raise CorruptObjectError(f"{where}: not a shardless snapshot pack (magic {magic!r})")
-    if fmt != PACK_FORMAT:
-        raise CorruptObjectError(f"{where}: unsupported pack format {fmt}; upgrade shardless")
-    body = raw[_PACK.size : _PACK.size + length]
-    if len(body) != length or len(raw) < _PACK.size + length + 4:
-        raise CorruptObjectError(f"{where}: pack header truncated")
-    (crc,) = struct.unpack_from(">I", raw, _PACK.size + length)
-    if zlib.crc32(body) != crc:
-        raise CorruptObjectError(f"{where}: pack header checksum mismatch")
+    body = unframe(
+        raw, where=where, magic=PACK_MAGIC, fmt=PACK_FORMAT, kind="snapshot pack", short="pack"
+    )
     try:
         return dict(msgpack.unpackb(body, raw=False))
     except (ValueError, TypeError, msgpack.UnpackException) as exc:

@@ -24,6 +24,7 @@ from typing import Any
 import msgpack
 
 from shardless.changelog.errors import CorruptObjectError
+from shardless.changelog.framing import unframe
 from shardless.state.store import Change
 
 OBJECT_MAGIC = b"SHLG"
@@ -145,17 +146,7 @@ def decode_section(raw: bytes, *, slice_id: int, version: int, where: str) -> li
 
 def decode_info(raw: bytes, *, where: str) -> dict[str, Any]:
     """Read a segment's header (used by verification tools)."""
-    if len(raw) < _HEADER.size:
-        raise CorruptObjectError(f"{where}: object truncated")
-    magic, fmt, length = _HEADER.unpack_from(raw)
-    if magic != OBJECT_MAGIC:
-        raise CorruptObjectError(f"{where}: not a shardless changelog segment (magic {magic!r})")
-    if fmt != FORMAT:
-        raise CorruptObjectError(f"{where}: unsupported segment format {fmt}; upgrade shardless")
-    if len(raw) < _HEADER.size + length + 4:
-        raise CorruptObjectError(f"{where}: segment header truncated or its length is corrupt")
-    meta = raw[_HEADER.size : _HEADER.size + length]
-    (crc,) = struct.unpack_from(">I", raw, _HEADER.size + length)
-    if zlib.crc32(meta) != crc:
-        raise CorruptObjectError(f"{where}: segment header checksum mismatch")
+    meta = unframe(
+        raw, where=where, magic=OBJECT_MAGIC, fmt=FORMAT, kind="changelog segment", short="segment"
+    )
     return msgpack.unpackb(meta)
