@@ -199,7 +199,7 @@ def test_goals_are_judged_for_the_default_and_the_few_slices_contender() -> None
     }
     assert not any(k.startswith("small_1k") for k in goals)  # goals are for 1M keys only
     args = argparse.Namespace(slices=256, few_slices=32)
-    assert [vs_spark.slices_of(c, args) for c in vs_spark.SHARDLESS] == [256, 256, 32, 256]
+    assert [vs_spark.slices_of(c, args) for c in vs_spark.SHARDLESS] == [256, 256, 32, 256, 256]
 
 
 def test_measure_warms_every_contender_up_before_any_measured_run(monkeypatch, tmp_path) -> None:

@@ -331,7 +331,7 @@ def json_lines(text: str) -> list[dict[str, str]]:
 
 def test_json_logs_are_one_object_a_line_with_time_level_logger_message(root_logging, capsys):
     cli.configure_logging("INFO", "json")
-    log = logging.getLogger("shardless.test")
+    log = logging.getLogger("shardless.processor.cli")
     log.debug("not at INFO")
     log.info("started %s\nsecond line", "job")
     try:
@@ -340,7 +340,7 @@ def test_json_logs_are_one_object_a_line_with_time_level_logger_message(root_log
         log.exception("batch %d failed", 7)
     first, second = json_lines(capsys.readouterr().err)
     assert set(first) == {"time", "level", "logger", "message"}
-    assert (first["level"], first["logger"]) == ("INFO", "shardless.test")
+    assert (first["level"], first["logger"]) == ("INFO", "shardless.processor.cli")
     assert first["message"] == "started job\nsecond line"
     assert datetime.fromisoformat(first["time"]).utcoffset().total_seconds() == 0
     assert (second["level"], second["message"]) == ("ERROR", "batch 7 failed")
