@@ -31,7 +31,6 @@ from shardless.changelog.manifest import (
     SstFile,
     encode_manifest,
     manifests,
-    read_manifest,
 )
 from shardless.changelog.objects import file_pool, pool_lock
 from shardless.changelog.sst import local_crcs, upload_sst
@@ -96,7 +95,7 @@ _snapshot_pool: ThreadPoolExecutor | None = None
 
 
 def snapshot_pool() -> ThreadPoolExecutor:
-    """The process's pool for whole snapshots (`upload_checkpoint`): separate from
+    """The process's pool for whole snapshots (a batch's pack, `pack.upload_pack`): separate from
     `file_pool`, whose threads a snapshot waits on for its SST objects."""
     global _snapshot_pool
     with pool_lock:
@@ -105,16 +104,3 @@ def snapshot_pool() -> ThreadPoolExecutor:
                 SNAPSHOT_THREADS, thread_name_prefix="shardless-snapshot"
             )
         return _snapshot_pool
-
-
-def upload_checkpoint(
-    loc: AppLocation, slice_id: int, version: int, checkpoint: Path, previous: SnapRef | None
-) -> tuple[SnapRef, int]:
-    """Upload the checkpoint of slice `slice_id` taken at `version` as a snapshot sharing
-    the SST objects of `previous` (the slice's newest snapshot, None for none) that it still
-    contains; return its reference and the bytes sent. The checkpoint is left in place."""
-    base = None
-    if previous is not None:
-        base = read_manifest(loc, previous, slice_id=slice_id)
-    ref, _, sent = write_snapshot(loc, slice_id, version, Path(checkpoint), base)
-    return ref, sent

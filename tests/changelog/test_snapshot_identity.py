@@ -21,8 +21,9 @@ from shardless.changelog.durable import DurableState
 from shardless.changelog.errors import CorruptObjectError, MissingObjectError
 from shardless.changelog.layout import SnapRef
 from shardless.changelog.manifest import SstFile, encode_manifest, manifests, read_manifest
+from shardless.changelog.pack import Due, upload_pack
 from shardless.changelog.restore import identity, materialize, restore
-from shardless.changelog.snapshot import upload_checkpoint, write_snapshot
+from shardless.changelog.snapshot import write_snapshot
 from shardless.changelog.verify import verify
 from shardless.state.store import SliceStore
 from tests.changelog.test_durable import SLICES, commit, kv
@@ -59,7 +60,7 @@ def test_a_snapshot_of_another_store_does_not_reuse_a_file_of_the_same_name(
     point = b.checkpoint(tmp_path / "ck-b2")
     a_files = {(f.name, f.size) for f in m_a.files}
     assert any((p.name, p.stat().st_size) in a_files for p in point.iterdir()), "no clash"
-    ref_b, _ = upload_checkpoint(location, SLICE, 2, point, ref_a)  # as the runtime does
+    ref_b, _ = upload_pack(location, [Due(SLICE, 2, point, ref_a)])[SLICE]  # as the runtime does
     manifests._items.clear()
     m_b = read_manifest(location, ref_b, slice_id=SLICE)
     download_snapshot(location, m_b, tmp_path / "r")
