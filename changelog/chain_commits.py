@@ -11,12 +11,12 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from shardless.changelog.chain import Link, link_item, link_snapshot
+from shardless.changelog.chain import Link, chain_pk, link_item, link_snapshot, position_sk
 from shardless.changelog.chain_writes import ChainTip, read_link
 from shardless.changelog.durable import CommitResult, DurableState, SliceCommit
 from shardless.changelog.layout import Head, encode_log, head_condition, head_item, new_uid
 from shardless.changelog.segment import index_length
-from shardless.changelog.transactions import HeadConflictError
+from shardless.changelog.transactions import Guard, HeadConflictError
 
 
 class PositionTakenError(HeadConflictError):
@@ -99,5 +99,18 @@ def take_over(
                      **head_condition(head)}}
         )  # fmt: skip
     if items:
-        durable.transact(items, sorted(taken), "takeover of slices", new_uid(), query)
+        guard = free_after(durable.loc.table, tip)
+        durable.transact(items, sorted(taken), "takeover of slices", new_uid(), query, guard=guard)
     return taken
+
+
+def free_after(table: str, tip: ChainTip) -> Guard:
+    """A check that nothing follows `tip` in its chain yet: a takeover into a chain that was
+    sealed since (by a newer owner, or by gc, which then deletes it) names no slice."""
+    key = {"pk": {"S": chain_pk(tip.chain)}, "sk": {"S": position_sk(tip.position + 1)}}
+    return Guard(
+        {"ConditionCheck": {"TableName": table, "Key": key,
+                            "ConditionExpression": "attribute_not_exists(pk)"}},
+        f"chain {tip.chain} moved past position {tip.position} (sealed, or another attempt "
+        "committed there): nothing is taken over",
+    )  # fmt: skip

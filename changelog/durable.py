@@ -60,6 +60,7 @@ from shardless.changelog.objects import get_bytes, missing
 from shardless.changelog.segment import SectionRef, decode_section, encode_segment
 from shardless.changelog.transactions import (
     NOT_LOST,
+    Guard,
     HeadConflictError,
     cancellation_reasons,
     combined_failure,
@@ -361,19 +362,23 @@ class DurableState:
         query: str | None = None,
         deadline: float = math.inf,
         since_ms: int | None = None,
+        guard: Guard | None = None,
     ) -> int:
         """Write `items` (one per slice of `slices`) in as few transactions as DynamoDB
         allows, sent at once (up to `TRANSACTION_THREADS`); returns how many. With `query`,
         each transaction also checks that the query is not fenced (and, with `since_ms`,
-        that gc's horizon is older than the uploads it references). A transaction cancelled
-        because a head changed raises HeadConflictError naming the slices that lost; one
-        cancelled only because another transaction held an item, or because DynamoDB
-        throttled it, is retried. The others land or lose on their own: each head's
-        condition is its own."""
-        chunks = transaction_chunks([item_bytes(next(iter(item.values()))) for item in items])
+        that gc's horizon is older than the uploads it references); with `guard`, each
+        checks its condition too. A transaction cancelled because a head changed (or the
+        guard failed) raises HeadConflictError naming the slices that lost; one cancelled
+        only because another transaction held an item, or because DynamoDB throttled it, is
+        retried. The others land or lose on their own: each head's condition is its own."""
+        sizes = [item_bytes(next(iter(item.values()))) for item in items]
+        chunks = transaction_chunks(sizes, checks=int(guard is not None))
 
         def send(lo: int, hi: int) -> None:
-            self.send(items[lo:hi], slices[lo:hi], what, f"{uid}-{lo}", query, deadline, since_ms)
+            self.send(
+                items[lo:hi], slices[lo:hi], what, f"{uid}-{lo}", query, deadline, since_ms, guard
+            )
 
         if len(chunks) == 1 or TRANSACTION_THREADS <= 1:
             for lo, hi in chunks:  # one at a time: the first failure stops the rest
@@ -396,12 +401,16 @@ class DurableState:
         query: str | None,
         deadline: float = math.inf,
         since_ms: int | None = None,
+        guard: Guard | None = None,
     ) -> None:
         """One transaction; retried while it is cancelled only by another in flight or by
         throttling. Raises QueryFencedError when `query` is fenced, CommitTooLateError when
         gc's horizon passed its uploads, ThrottledError when DynamoDB kept throttling it,
-        HeadConflictError naming the slices that lost."""
-        sent = items + [fence.check_item(self.loc, query, since_ms)] if query is not None else items
+        HeadConflictError naming the slices that lost (all of them when `guard` failed)."""
+        checks = [guard.item] if guard is not None else []
+        if query is not None:
+            checks.append(fence.check_item(self.loc, query, since_ms))
+        sent = items + checks
         conflicts = throttles = 0
         while True:
             tries = conflicts + throttles
@@ -422,6 +431,8 @@ class DurableState:
                 reasons = cancellation_reasons(exc, len(sent))
                 if query is not None and reasons[-1] == "ConditionalCheckFailed":
                     raise fence.refusal(self.loc, query, f"{what} {slices}", since_ms) from exc
+                if guard is not None and reasons[len(items)] == "ConditionalCheckFailed":
+                    raise HeadConflictError(f"{what} {slices}: {guard.failed}", slices) from exc
                 heads = reasons[: len(items)]
                 lost = [s for s, r in zip(slices, heads, strict=True) if r not in NOT_LOST]
                 if not lost and "ThrottlingError" in reasons:

@@ -10,6 +10,7 @@ transaction in flight, or throttled, did not.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -29,6 +30,15 @@ class HeadConflictError(CommitConflictError):
         self.slices = slices
 
 
+@dataclass(frozen=True)
+class Guard:
+    """A condition check every transaction of a write carries besides the heads' own
+    (`item`: a TransactWriteItems ConditionCheck), and what its failure means, in words."""
+
+    item: dict[str, Any]
+    failed: str
+
+
 def item_bytes(item: dict[str, Any]) -> int:
     """Roughly what a transaction item counts towards DynamoDB's 4 MB limit."""
     total = 0
@@ -45,13 +55,15 @@ def cancellation_reasons(exc: ClientError, n: int) -> list[str]:
     return found if len(found) == n else ["Unknown"] * n
 
 
-def transaction_chunks(sizes: list[int]) -> list[tuple[int, int]]:
+def transaction_chunks(sizes: list[int], checks: int = 0) -> list[tuple[int, int]]:
     """Split items of `sizes` bytes, in order, into the [lo, hi) ranges of as few DynamoDB
-    transactions as its limits allow (100 items, 4 MB with room to spare)."""
+    transactions as its limits allow (100 items, 4 MB with room to spare), leaving room in
+    each for `checks` more condition checks besides the fence check."""
     chunks: list[tuple[int, int]] = []
     lo, size = 0, 0
+    per = _SLICES_PER_TRANSACTION - checks
     for i, n in enumerate(sizes):
-        if i > lo and (i - lo == _SLICES_PER_TRANSACTION or size + n > _TRANSACTION_BYTES):
+        if i > lo and (i - lo == per or size + n > _TRANSACTION_BYTES):
             chunks.append((lo, i))
             lo, size = i, 0
         size += n

@@ -137,6 +137,20 @@ def test_a_takeover_refuses_a_head_another_writer_changed(location) -> None:
         take_over(durable, stale, second, "host:2", "q1")
 
 
+def test_a_takeover_into_a_chain_sealed_since_its_tip_was_read_names_no_slice(location) -> None:
+    """A zombie that remembers a chain's tip must not make heads name the chain after a
+    seal: gc deletes sealed chains that no head names."""
+    durable = DurableState(location)
+    fence.join(location, "q1")
+    tip = create_chain(location, "q1", 1, 0, ALL)
+    take_over(durable, {1: None}, tip, "host:1", "q1")
+    seal(location, tip.chain, "gc")
+    heads = durable.heads([2, 3])
+    with pytest.raises(CommitConflictError, match=f"chain {tip.chain} moved past position 0"):
+        take_over(durable, {2: heads.get(2), 3: heads.get(3)}, tip, "zombie:1", "q1")
+    assert durable.heads([2, 3]) == heads  # nothing was written
+
+
 def test_sealing_is_idempotent_and_moves_past_a_link_that_landed_first(location) -> None:
     durable = DurableState(location)
     fence.join(location, "q1")

@@ -384,16 +384,17 @@ def versions(durable: DurableState) -> dict[int, int]:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.integers(1, 400_000), max_size=450))
-def test_transaction_chunks_cover_the_items_in_order_within_dynamodb_limits(sizes):
-    chunks = transaction_chunks(sizes)
+@given(st.lists(st.integers(1, 400_000), max_size=450), st.integers(0, 1))
+def test_transaction_chunks_cover_the_items_in_order_within_dynamodb_limits(sizes, checks):
+    chunks = transaction_chunks(sizes, checks)
+    per = 99 - checks  # and the fence check (and a guard): 100 items
     assert [lo for lo, _ in chunks] == [0, *(hi for _, hi in chunks[:-1])]
     assert chunks[-1][1] == len(sizes)
     for lo, hi in chunks:
-        assert 1 <= hi - lo <= 99 or not sizes  # and the fence check: 100 items
+        assert 1 <= hi - lo <= per or not sizes
         assert sum(sizes[lo:hi]) <= 3_500_000 or hi - lo == 1
     for lo, hi in chunks[:-1]:  # as few as allowed: none could have taken one more
-        assert hi - lo == 99 or sum(sizes[lo : hi + 1]) > 3_500_000
+        assert hi - lo == per or sum(sizes[lo : hi + 1]) > 3_500_000
 
 
 def test_a_wide_commit_sends_its_transactions_at_once(wide):
