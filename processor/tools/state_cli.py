@@ -8,9 +8,9 @@ Exit codes: 0 ok; 1 the command worked and found something wrong or nothing (ver
 a problem, get found no such key); 2 an error (bad input, missing state, unreachable
 service, a conflict); 3 refused because the application looks running (see `--force`).
 
-Commands that change state (`rollback`, `reslice`, `gc --delete`) are dry runs unless
-told otherwise, and refuse while the application's lease is held or its slices committed
-recently; `gc --delete` runs beside a job when its grace period is at least
+Commands that change state (`rollback`, `reslice`, `import`, `gc --delete`) are dry runs
+unless told otherwise, and refuse while the application's lease is held or its slices
+committed recently; `gc --delete` runs beside a job when its grace period is at least
 `gc.RUNNING_GRACE_S` (see `shardless.changelog.gc` for why that is safe).
 """
 
@@ -26,7 +26,9 @@ from shardless.changelog import gc, lease
 from shardless.changelog.errors import ChangelogError
 from shardless.processor.errors import ProcessorError
 from shardless.processor.tools import export as state_export
+from shardless.processor.tools.import_rows import FORMATS as IMPORT_FORMATS
 from shardless.processor.tools.state_app import EXIT_RUNNING, StateBusyError
+from shardless.processor.tools.state_import import import_command
 from shardless.processor.tools.state_read import (
     export_command,
     get_command,
@@ -160,5 +162,30 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="every record was routed by its partition key's MD5 (no explicit hash keys); "
         "needed from 1 slice, where keys cannot be checked",
     )
+    safety(p)
+    threads(p)
+
+    p = common(
+        "import", "keyed values as a NEW application's first state (dry run)", import_command
+    )
+    p.add_argument(
+        "--input",
+        action="append",
+        required=True,
+        help="a JSON lines or Parquet file, or a directory of them (repeat for more)",
+    )
+    p.add_argument("--format", choices=IMPORT_FORMATS, help="default: from each file's suffix")
+    p.add_argument("--key-field", default="key", help="the field holding the key (key)")
+    p.add_argument("--value-field", default="value", help="the field holding the value (value)")
+    p.add_argument(
+        "--sub-field", help="a map entry's sub-key: rows where it is set go to the key's map state"
+    )
+    p.add_argument(
+        "--value-json",
+        action="store_true",
+        help="the value field holds JSON text (as `state export` writes Parquet)",
+    )
+    p.add_argument("--slices", type=int, help="slice count (default: the application's, else 256)")
+    p.add_argument("--apply", action="store_true", help="import (default: dry run)")
     safety(p)
     threads(p)
