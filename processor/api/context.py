@@ -314,6 +314,7 @@ class Context:
         "key",
         "_values",
         "_outputs",
+        "_check",
     )
 
     def __init__(
@@ -323,6 +324,7 @@ class Context:
         tx: Transaction,
         value_format: int = encoding.MSGPACK,
         allow_pickle: bool = False,
+        check_output: Callable[[Any, str], Any] | None = None,
     ) -> None:
         self.slice = slice_id
         self.batch_id = batch_id
@@ -332,6 +334,7 @@ class Context:
         self.timers = Timers(self._values)
         self.key = ""
         self._outputs: list[tuple[str, Any]] = []
+        self._check = check_output  # typed outputs: raises on a value that does not fit
 
     @property
     def now_ms(self) -> int:
@@ -354,8 +357,12 @@ class Context:
         self._values.watermark_ms = watermark_ms
 
     def emit(self, value: Any, key: str | None = None) -> None:
-        """Send an output row (JSON-encoded) to the job's sink; `key` defaults to the record's."""
-        self._outputs.append((self.key if key is None else key, value))
+        """Send an output row (JSON-encoded) to the job's sink; `key` defaults to the record's.
+        With a declared output schema, a value that does not fit raises OutputSchemaError."""
+        key = self.key if key is None else key
+        if self._check is not None:
+            value = self._check(value, key)
+        self._outputs.append((key, value))
 
 
 class Binding:

@@ -21,7 +21,7 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 from shardless.changelog import aws, resources
 from shardless.changelog.errors import ConfigurationError
 from shardless.processor.api.handlers import HandlerFactory
-from shardless.processor.driver import heartbeat
+from shardless.processor.driver import heartbeat, typed_outputs
 from shardless.processor.driver.config import JobConfig
 from shardless.processor.errors import ConfigError
 from shardless.processor.kinesis.shards import list_shards
@@ -211,6 +211,7 @@ def outputs(spark: SparkSession, handlers: HandlerFactory, cfg: JobConfig) -> Da
             slices=str(cfg.slices),
         )  # fmt: skip
         records = records.unionByName(wake.load())
+    handlers, _ = typed_outputs.declared(handlers, cfg.app)  # checked where emitted
     runner = GroupRunner(handlers, runtime_config(cfg, partitions))
     return group_plan(records, cfg, partitions, runner)
 
@@ -272,12 +273,14 @@ def start(
     available_now: bool = False,
     processing_time: str | None = None,
 ) -> StreamingQuery:
-    """Start the query. Each batch's outputs go to `sink` once the state is committed; then
+    """Start the query. Each batch's outputs go to `sink` once the state is committed (as
+    the columns of the handler's output schema, when it declares one); then
     the batch's source positions are recorded as the application's progress
     (`shardless.processor.driver.progress`), which `--starting-position COMMITTED` continues
     from."""
     from shardless.processor.driver.recorder import Recorder
 
+    handlers, schema = typed_outputs.declared(handlers, cfg.app)
     prepare(cfg, spark)
     recorder = Recorder(spark, cfg.location, cfg.checkpoint, cfg.allow_recount, tuple(cfg.streams))
 
@@ -302,7 +305,7 @@ def start(
                 report.restore_seconds_max = max(
                     [report.restore_seconds_max, *(r["seconds"] for r in m["restores"])]
                 )
-            sink(df.where("kind = 'out'").drop("kind"), batch_id)
+            sink(typed_outputs.shaped(df.where("kind = 'out'").drop("kind"), schema), batch_id)
             recorder.after_sink(batch_id, report.records, report.committed_slices, report.outputs)
             log.info("batch %s", json.dumps(report.summary()))
             for r in report.restored:

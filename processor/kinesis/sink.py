@@ -8,7 +8,8 @@ Each output row becomes one record, JSON:
     {"query": "8f0c…", "batch_id": 12, "seq": 73014444033, "key": "user-7",
      "value": {...the emitted value...}}
 
-with the row's `key` as partition key, so one key's outputs go to one shard. `query` is
+with the row's `key` as partition key, so one key's outputs go to one shard. With typed
+outputs (an app's `output_schema`), `value` is the JSON object of the row's fields. `query` is
 Spark's query id (kept in the checkpoint: the same after a restart, new with a new
 checkpoint, whose batch ids start at 0 again). `seq` is unique within the batch:
 `slice * 2**32 +` the output's position among its slice's outputs. All are fixed by the
@@ -39,6 +40,7 @@ from typing import Any
 import boto3
 from botocore.config import Config
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from shardless.changelog import aws
 from shardless.processor.errors import ConfigError, ProcessorError
@@ -99,6 +101,9 @@ def kinesis_sink(
     cfg = SinkConfig(stream, endpoint_url, attempts, base_delay_s, max_delay_s)
 
     def write(df: DataFrame, batch_id: int) -> None:
+        fields = [c for c in df.columns if c not in ("slice", "batch_id", "seq", "key")]
+        if fields and fields != ["value"]:  # typed outputs: the record's value is their JSON
+            df = df.withColumn("value", F.to_json(F.struct(*fields)))
         missing = [c for c in COLUMNS if c not in df.columns]
         if missing:
             raise ConfigError(

@@ -52,7 +52,7 @@ def run_slice(
     decoded first and a record that cannot be decoded or whose handler keeps raising is
     handled as the policy says (records set aside are in `dead_letters`)."""
     policy = policy or _DEFAULT
-    ctx = Context(slice_id, batch_id, tx, value_format, allow_pickle)
+    ctx = Context(slice_id, batch_id, tx, value_format, allow_pickle, handler.check_output)
     binding = Binding(ctx, now_ms, watermark_ms)
     result = SliceResult(outputs=binding.outputs)
     db_keys = keys.data_keys([e.key for e in events])
