@@ -36,6 +36,7 @@ class Spec:
     snapshot_every: int = 3
     keep_snapshots: int = 2
     commit_format: str = "heads"  # or "chains" (docs/design/group-commits.md)
+    chain_length: int = 3  # chains roll over within a run
 
 
 @dataclass(frozen=True)

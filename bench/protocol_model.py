@@ -128,6 +128,7 @@ class World:
             keep_snapshots=self.spec.keep_snapshots,
             transfer_process_bytes=None,
             commit_format=self.spec.commit_format,
+            chain_length=self.spec.chain_length,
         )
         return GroupRunner(self.handler, cfg)
 

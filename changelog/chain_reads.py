@@ -46,6 +46,25 @@ def read_genesis(loc: AppLocation, chain: str) -> Genesis:
     return genesis_from_item(out["Item"])
 
 
+def all_chains(loc: AppLocation) -> list[Genesis]:
+    """Every chain of the application's table, by its genesis item (a Scan: it reads the
+    whole table, for gc and tools, never on a batch's path)."""
+    found: list[Genesis] = []
+    request = {
+        "TableName": loc.table,
+        "FilterExpression": "begins_with(pk, :chain) AND sk = :genesis",
+        "ExpressionAttributeValues": {":chain": {"S": chain_pk("")}, ":genesis": {"S": GENESIS_SK}},
+        "ConsistentRead": True,
+    }
+    ddb = aws.client("dynamodb")
+    while True:
+        page = ddb.scan(**request)
+        found += [genesis_from_item(item) for item in page["Items"]]
+        if "LastEvaluatedKey" not in page:
+            return sorted(found, key=lambda g: (g.created_ms, g.chain))
+        request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+
 def read_chain(loc: AppLocation, chain: str, start: int = 1) -> tuple[Genesis, list[Link]]:
     """A chain's genesis and its links from position `start` on, in order.
     ContinuityError when the chain has no genesis (deleted, or never written)."""

@@ -37,7 +37,7 @@ from shardless.processor.api.handlers import HandlerFactory, handler_for
 from shardless.processor.errors import ProcessorError
 from shardless.processor.runtime.config import Pending, RuntimeConfig
 from shardless.processor.runtime.dead_letter import DeadLetter, target
-from shardless.processor.runtime.group_chain import adopt, find_chain, join
+from shardless.processor.runtime.group_chain import adopt, find_chain, join, roll_over
 from shardless.processor.runtime.grouping import slices_of_key
 from shardless.processor.runtime.records import GroupInput
 from shardless.processor.runtime.slice_runner import run_slice
@@ -155,6 +155,7 @@ class Attempt:
                 # conditional on every link the heads are read through
                 self.heads.update(self.durable.heads(self.slices))
                 self.metrics["heads_read"] += len(self.slices)
+        tip = roll_over(self.durable, self.cfg, self.group, self.query, tip, self.cache.owner)
         try:
             taken = join(self.durable, tip, self.heads, self.slices, self.cache.owner, self.query)
         except HeadConflictError as exc:

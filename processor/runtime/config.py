@@ -45,6 +45,9 @@ class RuntimeConfig:
     # "heads": a batch writes the head of every slice it changed; "chains": one link per
     # group and batch (docs/design/group-commits.md), while it is proven
     commit_format: str = "heads"
+    # with "chains": the positions after which a group starts a new chain, taking its slices
+    # over into it as they change (None: `group_chain.chain_limit`'s rule)
+    chain_length: int | None = None
 
     def dead_letter_target(self) -> str:
         return self.dead_letter or f"s3://{self.location.bucket}/{self.location.prefix}/dead-letter"

@@ -19,7 +19,7 @@ from typing import Any
 from shardless.changelog.chain import SliceRange
 from shardless.changelog.chain_commits import take_over
 from shardless.changelog.chain_reads import read_genesis
-from shardless.changelog.chain_writes import ChainTip, create_chain, find_tip
+from shardless.changelog.chain_writes import ChainTip, create_chain, find_tip, seal
 from shardless.changelog.durable import DurableState, SliceCommit
 from shardless.changelog.layout import Head
 from shardless.processor.runtime.config import RuntimeConfig
@@ -38,6 +38,26 @@ def group_range(cfg: RuntimeConfig, group: int) -> SliceRange:
     return SliceRange(own.start, own.stop - own.start)
 
 
+# A chain is rolled over after this many positions, or four per slice of its group when
+# that is more: a fresh host then reads a bounded chain, and the takeovers a roll-over costs
+# (one head write per slice that changes afterwards) add at most 1/4 of a head write per
+# slice and batch (docs/design/group-commits.md).
+CHAIN_POSITIONS = 256
+POSITIONS_PER_SLICE = 4
+
+
+def chain_limit(cfg: RuntimeConfig, group: int) -> int:
+    """The positions a group's chain takes before the group starts a new one."""
+    if cfg.chain_length is not None:
+        return cfg.chain_length
+    return max(CHAIN_POSITIONS, POSITIONS_PER_SLICE * group_range(cfg, group).count)
+
+
+def wanted(cfg: RuntimeConfig, group: int, query: str) -> tuple:
+    """What a chain's genesis must say for `group` of `query` to append to it."""
+    return (query, cfg.partitions or 0, group, group_range(cfg, group), cfg.keep_snapshots)
+
+
 def find_chain(
     durable: DurableState,
     cfg: RuntimeConfig,
@@ -47,14 +67,29 @@ def find_chain(
 ) -> ChainTip:
     """The group's unsealed chain that one of `heads` names (this query's, for this group
     under this layout and snapshot retention), else a new one."""
-    wanted = (query, cfg.partitions or 0, group, group_range(cfg, group), cfg.keep_snapshots)
+    mine = wanted(cfg, group, query)
     for chain in sorted({h.chain for h in heads.values() if h is not None and h.chain}):
         g = read_genesis(durable.loc, chain)
-        if (g.query, g.partitions, g.group, g.range, g.keep_snapshots) == wanted:
+        if (g.query, g.partitions, g.group, g.range, g.keep_snapshots) == mine:
             tip = find_tip(durable.loc, g)
             if not tip.sealed:
                 return tip
-    return create_chain(durable.loc, *wanted)
+    return create_chain(durable.loc, *mine)
+
+
+def roll_over(
+    durable: DurableState, cfg: RuntimeConfig, group: int, query: str, tip: ChainTip, owner: str
+) -> ChainTip:
+    """`tip` when its chain is shorter than `chain_limit`; else the chain sealed and a new
+    one started, which the batch's slices are then taken over into (`join`), and the
+    group's other slices as they change. Their versions in the old chain stay readable up
+    to its seal; once no head names it, gc deletes it."""
+    if tip.position < chain_limit(cfg, group):
+        return tip
+    seal(durable.loc, tip.chain, owner)
+    log.info("group %d: chain %s reached position %d; starting a new one", group, tip.chain,
+             tip.position)  # fmt: skip
+    return create_chain(durable.loc, *wanted(cfg, group, query))
 
 
 def join(

@@ -206,6 +206,35 @@ def test_snapshots_bound_the_log_and_a_wiped_store_restores_from_one(location, t
     assert outputs(out) == [{"key": "user-1", "n": Counter(KEYS)["user-1"] + 5 * 8 + 1}]
 
 
+def test_a_chain_rolls_over_at_its_length_and_keeps_every_version(
+    location, tmp_path, commit_format
+):
+    """Chains stay short: at `chain_length` positions the group seals its chain and starts
+    a new one; slices move over as they change, the others read through the sealed one."""
+    if commit_format != "chains":
+        pytest.skip("chains only")
+    from shardless.changelog.chain_reads import all_chains, read_chain
+
+    kw = {"chain_length": 2, "snapshot_every": 2, "keep_snapshots": 2}
+    a, b = runner(location, tmp_path / "a", **kw), runner(location, tmp_path / "b", **kw)
+    fed: list[str] = []
+    for batch in range(7):  # batches 1, 5 and 6 touch one key only: most slices stay behind
+        keys = ["user-3"] if batch in (1, 5, 6) else KEYS[batch * 50 : (batch + 1) * 50]
+        (a if batch % 3 else b).run(0, "q", batch, frame(keys, batch * 100))
+        fed += keys
+    chains = all_chains(location)
+    assert len(chains) == 4  # positions 1-2, then a new chain each time: 7 batches
+    for g in chains[:-1]:
+        _, links = read_chain(location, g.chain)
+        assert [link.sealed for link in links] == [False, False, True]
+    heads = DurableState(location).heads(list(range(SLICES)))
+    assert len({h.chain for h in heads.values()}) > 1  # untouched slices stayed behind
+    assert durable_counts(location) == dict(Counter(fed))
+    fresh = runner(location, tmp_path / "c", **kw)  # a host that knows nothing
+    out = outputs(fresh.run(0, "q", 7, frame(["user-5"], 900)))
+    assert out == [{"key": "user-5", "n": Counter(fed)["user-5"] + 1}]
+
+
 def test_handler_error_names_the_record_and_commits_nothing(location, tmp_path, commit_format):
     def fails_on_seven(event, ctx):
         count_handler(event, ctx)
