@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from shardless.changelog.errors import ChangelogError
 from shardless.processor.driver import settings
@@ -26,6 +27,10 @@ from shardless.processor.driver.flags import add_job_flags
 from shardless.processor.errors import ConfigError, ProcessorError
 from shardless.processor.local import emulators as local_aws
 from shardless.processor.tools import state_cli
+
+if TYPE_CHECKING:
+    from shardless.processor.api.app import App
+    from shardless.processor.driver.job import Sink
 
 STATE_FILE = Path(".shardless/local.json")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -79,22 +84,38 @@ def default_checkpoint(app: str) -> str:
     return str(private_dir(user_state_dir() / "checkpoints") / app)
 
 
+def _sink(args: argparse.Namespace, app: App) -> Sink:
+    """Where the outputs go: `--foreach-batch`'s function, `--output`'s Parquet, the app's
+    `foreach_batch`, else the console."""
+    from shardless.processor.driver.foreach_batch import foreach_batch_sink, import_function
+    from shardless.processor.driver.job import console_sink, parquet_sink
+
+    if args.foreach_batch:
+        function = import_function(args.foreach_batch)
+        return foreach_batch_sink(function, name=args.foreach_batch)
+    if args.output:
+        return parquet_sink(args.output)
+    if app.foreach_batch is not None:
+        return foreach_batch_sink(app.foreach_batch, name=f"{args.app_file}:foreach_batch")
+    return console_sink
+
+
 def _run(args: argparse.Namespace) -> int:
-    from shardless.processor.api.app import load_handler
+    from shardless.processor.api.app import load_app
     from shardless.processor.driver.flags import job_config
-    from shardless.processor.driver.job import console_sink, parquet_sink, start
+    from shardless.processor.driver.job import start
     from shardless.processor.driver.spark import session
 
-    handler = load_handler(args.app_file)
+    app = load_app(args.app_file)
     try:
         cfg = job_config(args, checkpoint=args.checkpoint or default_checkpoint(args.app))
+        sink = _sink(args, app)
     except ConfigError as exc:  # say so when the value it names came from a variable or file
         raise settings.located(exc, getattr(args, "set_by", {})) from exc
     spark = session(args.master, groups=cfg.groups, app_name=f"shardless-{cfg.app}")
-    sink = parquet_sink(args.output) if args.output else console_sink
     query = start(
         spark,
-        handler,
+        app.handlers,
         cfg,
         sink=sink,
         available_now=args.available_now,
@@ -195,7 +216,14 @@ def parser() -> argparse.ArgumentParser:
     )
     run.add_argument("app_file")
     add_job_flags(run)
-    run.add_argument("--output", help="write outputs as Parquet here (default: console)")
+    sink = run.add_mutually_exclusive_group()
+    sink.add_argument("--output", help="write outputs as Parquet here (default: console)")
+    sink.add_argument(
+        "--foreach-batch",
+        metavar="MODULE:FUNCTION",
+        help="call this function(df, batch) with each batch's outputs once its state is "
+        "committed (instead of the app's foreach_batch, or the console)",
+    )
     run.add_argument(
         "--master",
         help="Spark master (default: spark-submit's --master when launched by spark-submit, "
