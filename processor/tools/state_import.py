@@ -364,13 +364,13 @@ def _apply(
 
 def _lines(report: ImportReport) -> list[str]:
     maps = f" and {report.map_entries} map entries" if report.map_entries else ""
+    files = f"{len(report.inputs)} file{'s' if len(report.inputs) != 1 else ''}"
     lines = [
-        f"{report.keys} keys{maps} from {len(report.inputs)} files into "
-        f"{len(report.per_slice)} of {report.slices} slices of {report.app}:"
+        f"{report.keys} keys{maps} from {files} into {len(report.per_slice)} of "
+        f"{report.slices} slices of {report.app}; entries per slice (slice:entries):"
     ]
-    for c in report.per_slice:
-        extra = f", {c['map_entries']} map entries" if c["map_entries"] else ""
-        lines.append(f"  slice {c['slice']}: {c['keys']} keys{extra}")
+    cells = [f"{c['slice']:>5}:{c['keys'] + c['map_entries']:<6}" for c in report.per_slice]
+    lines += ["".join(cells[i : i + 8]).rstrip() for i in range(0, len(cells), 8)]
     if report.dry_run:
         lines.append("dry run: every row is valid; pass --apply to import")
     else:
