@@ -1,4 +1,5 @@
-"""Garbage collection of an application's S3 objects.
+"""Garbage collection of an application's S3 objects, and of the group chains no head names
+any more (`shardless.changelog.chain_gc`, the same grace period and pending list).
 
 What is referenced: every log entry's segment, every retained snapshot's manifest (its own
 object, or the pack it is in) and the SST objects it names (whole, or the packs they are
@@ -44,7 +45,7 @@ from dataclasses import dataclass, field
 import msgpack
 from botocore.exceptions import ClientError
 
-from shardless.changelog import aws, fence
+from shardless.changelog import aws, chain_gc, fence
 from shardless.changelog.durable import DurableState
 from shardless.changelog.errors import ChangelogError, CorruptObjectError, MissingObjectError
 from shardless.changelog.layout import AppLocation
@@ -79,10 +80,19 @@ class GcReport:
     deleted: list[str] = field(default_factory=list)
     deleted_bytes: int = 0
     waiting: int = 0  # unreferenced but inside the grace period
+    chains: int = 0  # group chains in the table
+    chains_deleted: list[str] = field(default_factory=list)
+    chain_items_deleted: int = 0  # their links and genesis items (1 write unit each)
+    chains_sealed: list[str] = field(default_factory=list)  # never named: deleted next time
     dry_run: bool = True
 
     def to_dict(self) -> dict[str, object]:
-        return {**self.__dict__, "deleted": len(self.deleted)}
+        return {
+            **self.__dict__,
+            "deleted": len(self.deleted),
+            "chains_deleted": len(self.chains_deleted),
+            "chains_sealed": len(self.chains_sealed),
+        }
 
 
 def pending_key(loc: AppLocation) -> str:
@@ -99,11 +109,14 @@ def check_grace(grace_s: float) -> float:
     return grace_s
 
 
-def referenced(loc: AppLocation, slices: int) -> set[str]:
-    """Every object key the committed heads of the application can still need."""
+def referenced(loc: AppLocation, slices: int, chains: set[str] | None = None) -> set[str]:
+    """Every object key the committed heads of the application can still need (and, into
+    `chains`, every group chain a head names)."""
     durable = DurableState(loc)
     keys: set[str] = set()
     for head in durable.heads(list(range(slices))).values():
+        if chains is not None and head.chain:
+            chains.add(head.chain)
         keys.update(e.key(loc) for e in head.log)
         for snap in head.snaps:
             keys.add(snap.key)
@@ -205,16 +218,22 @@ def collect(
     grace_ms = int(check_grace(grace_s) * 1000)
     now = int(time.time() * 1000) if now_ms is None else now_ms
     objects = _listing(loc)  # first what exists, then what the heads need: see the docstring
+    listed = chain_gc.sealed_chains(loc)
     if not dry_run:  # before the heads are read: a commit after this is checked against it
         fence.raise_horizon(loc, now - grace_ms)
-    keep = referenced(loc, slices)
+    named: set[str] = set()
+    keep = referenced(loc, slices, named)
     pending, checked = _load_pending(loc)
+    chains = chain_gc.judge(listed, named, pending, now, grace_ms)
+    pending = {k: v for k, v in pending.items() if not k.startswith(chain_gc.PENDING_PREFIX)}
     unreferenced = sorted(k for k in objects if k not in keep)
     _check_owner(
         loc, unreferenced if not checked else [k for k in unreferenced if k not in pending]
     )
     report = GcReport(referenced=len(keep), objects=len(objects), dry_run=dry_run)
-    still: dict[str, int] = {}
+    report.chains, report.chains_deleted = chains.listed, chains.delete
+    report.chains_sealed = chains.seal
+    still: dict[str, int] = dict(chains.waiting)
     doomed: list[str] = []
     for key in unreferenced:
         size, modified_ms = objects[key]
@@ -229,6 +248,8 @@ def collect(
     report.deleted = doomed
     if dry_run:
         return report
+    chain_gc.seal_unnamed(loc, chains.seal)
+    report.chain_items_deleted = sum(chain_gc.delete_chain(loc, c) for c in chains.delete)
     s3 = aws.client("s3")
     for i in range(0, len(doomed), 1000):
         out = s3.delete_objects(

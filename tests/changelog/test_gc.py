@@ -195,3 +195,69 @@ def test_a_pack_is_kept_while_any_slice_needs_part_of_it(location, tmp_path, clo
         assert dict(store.items()) == dict(stores[s].items())
         store.close()
         stores[s].close()
+
+
+# ---- group chains ----------------------------------------------------------------------------
+
+
+def chain_ids(location) -> list[str]:
+    from shardless.changelog.chain_reads import all_chains
+
+    return sorted(g.chain for g in all_chains(location))
+
+
+def test_gc_deletes_the_chains_no_head_names_after_the_grace_period(location, tmp_path):
+    """Roll-overs leave sealed chains behind; once no head names one and an earlier
+    collection saw that a grace period ago, gc deletes its items; state stays whole."""
+    run_batches(location, tmp_path, range(6), commit_format="chains", chain_length=2)
+    heads = DurableState(location).heads(list(range(SLICES)))
+    live = {h.chain for h in heads.values()}
+    assert len(live) == 1 and len(chain_ids(location)) == 3  # every slice changed in batch 4
+    now = int(time.time() * 1000)
+    first = gc.collect(location, SLICES, dry_run=False, now_ms=now)
+    assert (first.chains, first.chains_deleted, first.chain_items_deleted) == (3, [], 0)
+    late = gc.collect(location, SLICES, dry_run=False, now_ms=now + HOUR_MS + 1)
+    assert len(late.chains_deleted) == 2 and not set(late.chains_deleted) & live
+    assert late.chains_sealed == []  # the live chain is named: left alone
+    assert late.chain_items_deleted == 2 * (1 + 2 + 1)  # each: genesis, 2 links, seal
+    assert chain_ids(location) == sorted(live)
+    ddb = boto3.client("dynamodb")
+    for chain in late.chains_deleted:
+        gone = ddb.query(TableName=location.table, KeyConditionExpression="pk = :pk",
+                         ExpressionAttributeValues={":pk": {"S": f"chain#{chain}"}})  # fmt: skip
+        assert gone["Items"] == []
+    assert durable_counts(location) == expected(6)
+    run_batches(location, tmp_path, range(6, 9), commit_format="chains", chain_length=2)
+    assert durable_counts(location) == expected(9)
+
+
+def test_gc_keeps_a_chain_a_head_names_and_seals_a_never_named_one_before_deleting_it(
+    location, tmp_path
+):
+    from shardless.changelog.chain import SliceRange
+    from shardless.changelog.chain_commits import commit_link, take_over
+    from shardless.changelog.chain_writes import create_chain, find_tip
+    from shardless.changelog.errors import CommitConflictError
+    from tests.changelog.test_chain_commits import batch_commits, read_state
+
+    durable = DurableState(location)
+    fence.join(location, "q1")
+    old = create_chain(location, "q1", 1, 0, SliceRange(0, SLICES))
+    heads = take_over(durable, {1: None, 2: None}, old, "host:1", "q1")
+    commit_link(
+        durable, "q1", 0, old, batch_commits(durable, heads, {1: {b"a": b"1"}, 2: {b"b": b"2"}})
+    )
+    new = create_chain(location, "q1", 1, 0, SliceRange(0, SLICES))
+    take_over(durable, durable.heads([1]), new, "host:1", "q1")  # seals `old`; 2 stays there
+    orphan = create_chain(location, "q1", 1, 0, SliceRange(0, SLICES))  # its attempt died
+    now = int(time.time() * 1000)
+    gc.collect(location, SLICES, dry_run=False, now_ms=now)
+    second = gc.collect(location, SLICES, dry_run=False, now_ms=now + HOUR_MS + 1)
+    assert (second.chains_deleted, second.chains_sealed) == ([], [orphan.chain])
+    assert find_tip(location, orphan.genesis).sealed
+    with pytest.raises(CommitConflictError, match="moved past position 0"):
+        take_over(durable, {3: None}, orphan, "zombie:1", "q1")  # the dead attempt, late
+    third = gc.collect(location, SLICES, dry_run=False, now_ms=now + 2 * HOUR_MS + 2)
+    assert third.chains_deleted == [orphan.chain] and third.chain_items_deleted == 2
+    assert chain_ids(location) == sorted([old.chain, new.chain])  # slice 2 names `old`
+    assert read_state(durable, 2, tmp_path / "two") == {b"b": b"2"}
