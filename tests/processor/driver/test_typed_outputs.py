@@ -186,3 +186,26 @@ def test_output_schemas_are_checked_when_declared(schema, message):
         return
     with pytest.raises(AppError, match=message):
         HandlerFactory(typed_process, output_schema=schema)
+
+
+@pytest.mark.slow
+def test_the_kinesis_sink_writes_typed_fields_as_its_json_value(spark, kinesis, make_stream):
+    from shardless.processor.driver.typed_outputs import shaped
+    from shardless.processor.kinesis.sink import kinesis_sink
+    from tests.processor.kinesis.test_kinesis_sink import read_stream
+
+    stream = make_stream(1)
+    value = json.dumps({"user": "user-1", "events": 2, "total": 0.5})
+    rows = spark.createDataFrame(
+        [(3, 4, 0, "user-1", value)], "slice int, batch_id long, seq int, key string, value string"
+    )
+    kinesis_sink(stream, query_id="q")(shaped(rows, DECLARED), 4)
+    [(key, data)] = read_stream(kinesis, stream)
+    assert key == "user-1"
+    assert data == {
+        "query": "q",
+        "batch_id": 4,
+        "seq": (3 << 32) | 0,
+        "key": "user-1",
+        "value": {"user": "user-1", "events": 2, "total": 0.5},
+    }
