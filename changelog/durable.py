@@ -25,14 +25,15 @@ import random
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 from botocore.exceptions import ClientError
 
 from shardless.changelog import aws, fence, segment_cache
 from shardless.changelog.chain_reads import resolve_heads
-from shardless.changelog.chain_writes import ChainTip, seal
+from shardless.changelog.chain_writes import seal
+from shardless.changelog.commits import CommitResult, SliceCommit, Upload
 from shardless.changelog.errors import (
     CommitTooLateError,
     CorruptObjectError,
@@ -45,7 +46,6 @@ from shardless.changelog.layout import (
     AppLocation,
     Head,
     LogEntry,
-    SnapRef,
     encode_log,
     head_condition,
     head_from_item,
@@ -92,55 +92,6 @@ UNPROCESSED_PAUSE_S = 0.05  # the first pause is up to this long, then doubling,
 # twice as long (`shardless.changelog.gc.RUNNING_GRACE_S`), so a stalled task cannot commit a
 # reference to an object gc has removed.
 COMMIT_DEADLINE_S = 1200.0
-
-
-@dataclass(frozen=True)
-class SliceCommit:
-    """What one slice commits in a batch: its new version, based on `expected` (the head
-    the writer read or claimed), and a snapshot of the version before, if one was taken."""
-
-    slice: int
-    version: int
-    expected: Head | None
-    changes: list[Change]
-    snapshot: SnapRef | None = None
-    # when the slice's next processing-time and event-time timers are due after this
-    # version (None: none); the head keeps them as the durable index of pending timers
-    timers: tuple[int | None, int | None] = (None, None)
-
-
-@dataclass(frozen=True)
-class Upload:
-    """A commit's segment, uploaded: what its DynamoDB write names and may take."""
-
-    uid: str
-    body: bytes
-    refs: list[SectionRef]
-    deadline: float  # time.monotonic() past which the commit must not go out
-    since_ms: int  # when its first upload began, on the wall clock (gc's horizon check)
-    started: float
-    encoded: float
-    stored: float
-
-    def took(self) -> dict[str, float]:
-        return {
-            "encode": self.encoded - self.started,
-            "s3": self.stored - self.encoded,
-            "dynamodb": time.perf_counter() - self.stored,
-        }
-
-
-@dataclass(frozen=True)
-class CommitResult:
-    """The segment a commit wrote (its uid tags the local stores), the heads as written,
-    and what it cost (`seconds` per step: encode, s3, dynamodb)."""
-
-    uid: str
-    bytes: int
-    transactions: int
-    heads: dict[int, Head] = field(default_factory=dict)
-    seconds: dict[str, float] = field(default_factory=dict)
-    tip: ChainTip | None = None  # the group's chain after a `commit_link`
 
 
 def section_range(entry: LogEntry) -> str:
