@@ -99,7 +99,7 @@ def batch_cost(
     per_slice: int = 4,
     touched: float = 1.0,
     seed: int = 42,
-    commit_format: str = "heads",
+    commit_format: str = "chains",
 ) -> dict[str, Any]:
     """Run `batches` batches of `groups` groups over `slices` slices, each batch touching a
     random `touched` share of the slices with `per_slice` records each; then one batch with

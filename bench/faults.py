@@ -45,6 +45,9 @@ from shardless.processor.local.faults.fault_proxy import FaultProxy
 from shardless.processor.local.faults.outcome import Env, Outcome
 from shardless.processor.local.faults.schedule import KILLS, KINDS, Schedule, draw, with_stall
 
+# chains roll over every few positions in a schedule, so the roll-over meets the faults
+CHAIN_LENGTH = 4
+
 
 def run_harness(
     aws: local_aws.LocalAws,
@@ -58,7 +61,8 @@ def run_harness(
     plans: list[Schedule] | None = None,
     partial: Path | None = None,
     operator: bool = True,
-    commit_format: str = "heads",
+    commit_format: str = "chains",
+    chain_length: int = CHAIN_LENGTH,
 ) -> dict[str, Any]:
     """Run schedules `first .. first+schedules-1` of `seed` against running emulators, or
     the given `plans` (then `schedules` and `first` are not used). With `partial`, the
@@ -78,7 +82,10 @@ def run_harness(
         FaultProxy(aws.s3_endpoint, seed=seed) as storage,
         FaultProxy(aws.kinesis_endpoint, seed=seed + 1) as kinesis_proxy,
     ):
-        env = Env(kinesis, aws.env(), storage, kinesis_proxy, work, keep, stalls, commit_format)
+        env = Env(
+            kinesis, aws.env(), storage, kinesis_proxy, work, keep, stalls, commit_format,
+            chain_length,
+        )  # fmt: skip
         if plans is None:
             plans = [draw(seed, index, operator) for index in range(first, first + schedules)]
             if stalls:
@@ -226,8 +233,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--commit-format",
         choices=("heads", "chains"),
-        default="heads",
+        default="chains",
         help="JobConfig.commit_format of the job under test",
+    )
+    parser.add_argument(
+        "--chain-length",
+        type=int,
+        default=CHAIN_LENGTH,
+        help="JobConfig.chain_length: short, so that chains roll over under the faults",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
@@ -249,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             partial=work / "summary.json",
             operator=args.operator,
             commit_format=args.commit_format,
+            chain_length=args.chain_length,
         )
     finally:
         emulators.stop()

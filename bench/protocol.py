@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--commit-format",
         choices=("heads", "chains"),
-        default="heads",
+        default="chains",
         help="how the runtime commits (docs/design/group-commits.md)",
     )
     parser.add_argument("--kinds", help=f"comma-separated step kinds (default all: {KINDS})")

@@ -35,7 +35,7 @@ class Spec:
     timers: bool = True
     snapshot_every: int = 3
     keep_snapshots: int = 2
-    commit_format: str = "heads"  # or "chains" (docs/design/group-commits.md)
+    commit_format: str = "chains"  # or "heads" (docs/design/group-commits.md)
     chain_length: int = 3  # chains roll over within a run
 
 

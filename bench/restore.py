@@ -465,7 +465,7 @@ def history_restore(
 
 
 def requests_part(
-    tmp: Path, requests: Requests, batches: int, batches_large: int, commit_format: str = "heads"
+    tmp: Path, requests: Requests, batches: int, batches_large: int, commit_format: str = "chains"
 ) -> dict:
     """The calls and billed units of a batch at 256 and 4,096 slices in 8 groups, every
     slice touched and 10 % of them; the 256-slice, every-slice figures at the top."""
@@ -543,7 +543,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--commit-format",
         choices=("heads", "chains"),
-        default="heads",
+        default="chains",
         help="how the requests part's batches commit (docs/design/group-commits.md)",
     )
     parser.add_argument("--seed", type=int, default=42)

@@ -25,9 +25,9 @@ Only when named in --contenders:
   shardless_uploads_in_helper      the shardless contender with its snapshots uploaded by
                                    the worker's helper process (--snapshot-uploads helper)
                                    instead of threads of the group's process
-  shardless_chains                 the shardless contender committing one link per group
-                                   and batch (--commit-format chains, the preview of
-                                   docs/design/group-commits.md)
+  shardless_heads                  the shardless contender committing every changed
+                                   slice's head (--commit-format heads, the format before
+                                   chains: docs/design/group-commits.md)
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ CONTENDERS = (
 # run only when named in --contenders: shardless with its snapshots uploaded by the worker's
 # helper process (`snapshot_uploads="helper"`), the A/B of the helper's uploads; and with
 # commit_format="chains", the A/B of the commit's cost
-OPTIONAL = ("shardless_uploads_in_helper", "shardless_chains")
+OPTIONAL = ("shardless_uploads_in_helper", "shardless_heads")
 PANDAS = ("apply_in_pandas_with_state", "transform_with_state_in_pandas")
 WORKLOADS = {  # name: (distribution, distinct keys)
     "uniform_1m": ("uniform", 1_000_000),
@@ -297,7 +297,7 @@ def query_for(
         local_dir=local_dir,
         group_owner="worker" if contender == "shardless_worker_stores" else group_owner,
         snapshot_uploads="helper" if contender == "shardless_uploads_in_helper" else "worker",
-        commit_format="chains" if contender == "shardless_chains" else "heads",
+        commit_format="heads" if contender == "shardless_heads" else "chains",
     )
     resources.ensure(cfg.location, cfg.slices)
     records = as_records(src, slices)

@@ -131,12 +131,21 @@ class JobConfig:
         choices=SNAPSHOT_UPLOADS,
     )
     commit_format: str = flag(
-        "heads",
+        "chains",
         help=(
-            "how a batch commits: the head of every slice it changed (default), or, in preview, "
-            "one item per group and batch in the group's chain (docs/design/group-commits.md)"
+            "how a batch commits: one item per group and batch in the group's chain (default; "
+            "docs/design/group-commits.md), or the head of every slice it changed (heads: the "
+            "format before chains, whose DynamoDB cost grows with the slice count)"
         ),
         choices=COMMIT_FORMATS,
+    )
+    chain_length: int = flag(
+        0,
+        help=(
+            "with chains: the positions after which a group starts a new chain (0: 256, or 4 "
+            "per slice of the group when more); a host without memory of a group reads up to "
+            "this many links"
+        ),
     )
     group_owner: str = flag(
         "worker",
@@ -236,6 +245,13 @@ class JobConfig:
         if isinstance(self.owner_idle_seconds, bool) or not 1 <= self.owner_idle_seconds <= 86400:
             raise ConfigError(
                 f"--owner-idle-seconds {self.owner_idle_seconds!r}: must be between 1 and 86400"
+            )
+        if isinstance(self.chain_length, bool) or not (
+            self.chain_length == 0 or 2 <= self.chain_length <= 1_000_000
+        ):
+            raise ConfigError(
+                f"--chain-length {self.chain_length!r}: use 0 (the default rule) or between 2 "
+                "and 1000000 positions"
             )
         if not 1 <= self.groups <= self.slices:
             raise ConfigError(

@@ -162,6 +162,7 @@ def runtime_config(cfg: JobConfig, partitions: int) -> RuntimeConfig:
         group_owner=cfg.group_owner,
         owner_idle_seconds=cfg.owner_idle_seconds,
         commit_format=cfg.commit_format,
+        chain_length=cfg.chain_length or None,
         policy=cfg.record_policy(),
         dead_letter=cfg.dead_letter,
         partitions=partitions,

@@ -42,9 +42,9 @@ class RuntimeConfig:
     # the shuffle partitions the job laid its group keys out for: a group then refuses
     # slices outside its range (None: no check, for callers without Spark)
     partitions: int | None = None
-    # "heads": a batch writes the head of every slice it changed; "chains": one link per
-    # group and batch (docs/design/group-commits.md), while it is proven
-    commit_format: str = "heads"
+    # "chains": one link per group and batch (docs/design/group-commits.md); "heads": a
+    # batch writes the head of every slice it changed
+    commit_format: str = "chains"
     # with "chains": the positions after which a group starts a new chain, taking its slices
     # over into it as they change (None: `group_chain.chain_limit`'s rule)
     chain_length: int | None = None

@@ -71,6 +71,7 @@ def start_driver(env: Env, outcome: Outcome) -> Driver:
         "--max-records-per-shard", str(MAX_RECORDS_PER_SHARD),
         "--snapshot-every", str(SNAPSHOT_EVERY),
         "--commit-format", cfg.commit_format,
+        "--chain-length", str(cfg.chain_length),
     ]  # fmt: skip
     if cp.committed:
         args += ["--starting-position", "COMMITTED"]

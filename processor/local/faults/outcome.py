@@ -33,7 +33,8 @@ class Env:
     work: Path
     keep: bool = False  # keep each schedule's folder even when it passed
     stalls: bool = False  # schedules may stall an executor (STALL_ARGS for the driver)
-    commit_format: str = "heads"  # JobConfig.commit_format of every query
+    commit_format: str = "chains"  # JobConfig.commit_format of every query
+    chain_length: int = 0  # and its chain_length (0: the default rule)
 
 
 @dataclass

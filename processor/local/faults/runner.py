@@ -109,6 +109,7 @@ def run(env: Env, schedule: Schedule) -> Outcome:
         groups=GROUPS,
         local_dir=str(folder / "stores"),
         commit_format=env.commit_format,
+        chain_length=env.chain_length,
     )
     for proxy in (env.storage_proxy, env.kinesis_proxy):
         proxy.clear()
