@@ -100,6 +100,7 @@ def batch_cost(
     touched: float = 1.0,
     seed: int = 42,
     commit_format: str = "chains",
+    chain_length: int | None = None,
 ) -> dict[str, Any]:
     """Run `batches` batches of `groups` groups over `slices` slices, each batch touching a
     random `touched` share of the slices with `per_slice` records each; then one batch with
@@ -113,8 +114,9 @@ def batch_cost(
     loc = new_app(f"cost-{slices}", slices)
     # laid out as a job lays its groups out (each group a range, named by its Spark key)
     cfg = RuntimeConfig(
-        loc, slices, str(tmp / "cost"), partitions=groups, commit_format=commit_format
-    )
+        loc, slices, str(tmp / "cost"), partitions=groups, commit_format=commit_format,
+        chain_length=chain_length,
+    )  # fmt: skip
     runner = GroupRunner(HandlerFactory(counter), cfg)
     by_slice = keys_by_slice(slices, per_slice, "req-")
     members = [group_slices(g, slices, groups) for g in range(groups)]
@@ -184,12 +186,41 @@ def batch_cost(
         "idle_batch_requests": max(http[0], sum(idle_calls.values())),
         "idle_batch_units": sum(idle_units.values()),
         "batch_seconds": summary(seconds[1:]),
-        "dollars_per_month": {
-            f"trigger_{t}s": {
-                k: round(v, 2) for k, v in billing.dollars_per_month(per_batch, t).items()
-            }
-            for t in TRIGGERS_S
-        },
+        "per_batch": per_batch,
+        "dollars_per_month": monthly(per_batch),
+    }
+
+
+def monthly(per_batch: dict[str, float]) -> dict[str, dict[str, float]]:
+    """Dollars a month at each trigger of `TRIGGERS_S` for a batch costing `per_batch`."""
+    return {
+        f"trigger_{t}s": {
+            k: round(v, 2) for k, v in billing.dollars_per_month(per_batch, t).items()
+        }
+        for t in TRIGGERS_S
+    }
+
+
+def with_roll_overs(run: dict[str, Any], rolled: dict[str, Any], length: int) -> dict[str, Any]:
+    """`run` (chains, at the default chain length) with what its roll-overs add, measured in
+    `rolled`: the same slices, every slice touched, chains rolled over every 2 positions, so
+    every other steady batch rolls every group's chain over (sealing it and taking each
+    slice over: a head write each). One roll-over of all groups then costs twice the extra
+    units per batch; a chain of `length` positions spreads it over `length` batches (at
+    10 % of slices touched a batch, every slice still changes within a chain's life)."""
+    extra = max(
+        0.0, rolled["per_batch"]["dynamodb_write_units"] - run["per_batch"]["dynamodb_write_units"]
+    )
+    roll_over = extra * 2
+    per_batch = dict(run["per_batch"])
+    per_batch["dynamodb_write_units"] += roll_over / length
+    return run | {
+        "chain_length": length,
+        "roll_over_write_units": roll_over,
+        "dynamodb_write_units_per_batch_steady": run["dynamodb_write_units_per_batch"],
+        "dynamodb_write_units_per_batch": per_batch["dynamodb_write_units"],
+        "per_batch": per_batch,
+        "dollars_per_month": monthly(per_batch),
     }
 
 

@@ -41,7 +41,14 @@ import numpy as np
 import pandas as pd
 
 from bench import billing
-from bench.batch_cost import batch_cost, cost_table, counter, keys_by_slice, new_app
+from bench.batch_cost import (
+    batch_cost,
+    cost_table,
+    counter,
+    keys_by_slice,
+    new_app,
+    with_roll_overs,
+)
 from bench.billing import Requests
 from shardless.changelog import aws, restore_transfers
 from shardless.changelog.durable import DurableState, SliceCommit
@@ -55,6 +62,7 @@ from shardless.changelog.sst import object_size
 from shardless.changelog.transfer_process import TRANSFER_PROCESS_BYTES, transfer_process
 from shardless.processor.api.handlers import HandlerFactory
 from shardless.processor.local import emulators as local_aws
+from shardless.processor.runtime.group_chain import CHAIN_POSITIONS, POSITIONS_PER_SLICE
 from shardless.processor.runtime.group_runner import GroupRunner, RuntimeConfig
 from shardless.processor.runtime.grouping import group_slices
 from shardless.processor.runtime.stores import StoreCache
@@ -71,6 +79,7 @@ QUERY = "bench-query"
 NOW_MS = 1_700_000_000_000
 ARRIVAL = datetime.fromtimestamp(NOW_MS / 1000, tz=UTC)
 LARGE_SLICES = 4096
+ROLLED_PAIRS = 2  # roll-overs measured: each over two batches
 TOUCHED_SOME = 0.1
 GOALS = {
     "restore_vs_download": 0.7,
@@ -483,6 +492,14 @@ def requests_part(
         for n, b in ((SLICES, batches), (LARGE_SLICES, batches_large))
         for t in (1.0, TOUCHED_SOME)
     ]
+    if commit_format == "chains":  # what the chains' roll-overs add, spread over their length
+        for i, n in ((0, SLICES), (2, LARGE_SLICES)):
+            rolled = batch_cost(
+                tmp / f"cost-{n}-rolled", requests, frame, n, GROUPS, 1 + 2 * ROLLED_PAIRS,
+                commit_format=commit_format, chain_length=2,
+            )  # fmt: skip
+            length = max(CHAIN_POSITIONS, POSITIONS_PER_SLICE * n // GROUPS)
+            runs[i : i + 2] = [with_roll_overs(r, rolled, length) for r in runs[i : i + 2]]
     top = {k: v for k, v in runs[0].items() if k not in ("slices", "groups", "touched", "batches")}
     return top | {
         f"at_{LARGE_SLICES}_slices": {

@@ -11,7 +11,9 @@ from bench import batch_cost, billing, restore
 def test_every_commit_of_a_batch_is_counted_and_billed(aws, tmp_path):  # noqa: ANN001
     requests = billing.Requests()
     try:
-        out = batch_cost.batch_cost(tmp_path, requests, restore.frame, 256, 8, batches=3)
+        out = batch_cost.batch_cost(
+            tmp_path, requests, restore.frame, 256, 8, batches=3, commit_format="heads"
+        )
     finally:
         requests.close()
     # 256 slices in 8 groups, every slice changed: each group commits its 32 heads and its
@@ -33,7 +35,9 @@ def test_every_commit_of_a_batch_is_counted_and_billed(aws, tmp_path):  # noqa: 
 def test_a_tenth_of_the_slices_costs_a_tenth_of_the_heads(aws, tmp_path):  # noqa: ANN001
     requests = billing.Requests()
     try:
-        out = batch_cost.batch_cost(tmp_path, requests, restore.frame, 256, 8, 3, touched=0.1)
+        out = batch_cost.batch_cost(
+            tmp_path, requests, restore.frame, 256, 8, 3, touched=0.1, commit_format="heads"
+        )
     finally:
         requests.close()
     assert 2 * 26 <= out["dynamodb_write_units_per_batch"] < 2 * 256
@@ -80,6 +84,29 @@ def test_a_chain_commit_bills_one_link_per_group_whatever_the_slice_count(aws, t
         assert out["idle_batch_requests"] == 0 and out["idle_batch_units"] == 0
         # the first batch took every slice over: one head write each, once
         assert out["first_batch_requests"]["dynamodb.TransactWriteItems"] >= 8
+
+
+def test_chain_roll_overs_are_counted_and_spread_over_the_chain_length(aws, tmp_path):  # noqa: ANN001
+    """A roll-over seals each group's chain, starts a new one and takes every slice over
+    again: about a head write (2 units) per slice, which `with_roll_overs` spreads over
+    the chain's length. Fails if the takeovers' transactions go uncounted."""
+    requests = billing.Requests()
+    try:
+        steady = batch_cost.batch_cost(tmp_path / "a", requests, restore.frame, 256, 8, 3)
+        rolled = batch_cost.batch_cost(
+            tmp_path / "b", requests, restore.frame, 256, 8, 5, chain_length=2
+        )
+    finally:
+        requests.close()
+    assert steady["dynamodb_write_units_per_batch"] == 2 * 8
+    assert rolled["steady_batch_requests"]["dynamodb.PutItem"] >= 8  # seals and new chains
+    out = batch_cost.with_roll_overs(steady, rolled, 256)
+    assert 2 * 256 <= out["roll_over_write_units"] <= 2 * 256 + 4 * 8
+    assert out["dynamodb_write_units_per_batch"] == 2 * 8 + out["roll_over_write_units"] / 256
+    assert (
+        out["dollars_per_month"]["trigger_1s"]["dynamodb"]
+        > (steady["dollars_per_month"]["trigger_1s"]["dynamodb"])
+    )
 
 
 def test_counting_stops_at_close(aws):  # noqa: ANN001
