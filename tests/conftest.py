@@ -39,7 +39,7 @@ def aws(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_aws.LocalAws
 def spark(aws: local_aws.LocalAws):  # noqa: ANN201
     from shardless.processor.driver.spark import session
 
-    s = session("local[2]", groups=4, app_name="shardless-tests")
+    s = session("local[2]", groups=4, app_name="shardless-tests", ui=False)
     yield s
     s.stop()
 

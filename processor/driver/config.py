@@ -189,6 +189,16 @@ class JobConfig:
             "application's bucket, <prefix>/dead-letter)"
         ),
     )
+    metrics_port: int = flag(
+        0,
+        help=(
+            "serve each batch's figures to Prometheus at http://HOST:PORT/metrics on the "
+            "driver (0: off)"
+        ),
+    )
+    metrics_host: str = flag(
+        "0.0.0.0", help="with --metrics-port: the address the endpoint listens on"
+    )
 
     def __post_init__(self) -> None:
         try:
@@ -252,6 +262,10 @@ class JobConfig:
             raise ConfigError(
                 f"--chain-length {self.chain_length!r}: use 0 (the default rule) or between 2 "
                 "and 1000000 positions"
+            )
+        if isinstance(self.metrics_port, bool) or not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(
+                f"--metrics-port {self.metrics_port!r}: use 0 (off) or a TCP port, 1-65535"
             )
         if not 1 <= self.groups <= self.slices:
             raise ConfigError(

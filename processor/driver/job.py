@@ -21,7 +21,7 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 from shardless.changelog import aws, resources
 from shardless.changelog.errors import ConfigurationError
 from shardless.processor.api.handlers import HandlerFactory
-from shardless.processor.driver import heartbeat, typed_outputs
+from shardless.processor.driver import heartbeat, metrics, typed_outputs
 from shardless.processor.driver.config import JobConfig
 from shardless.processor.errors import ConfigError
 from shardless.processor.kinesis.shards import list_shards
@@ -200,6 +200,7 @@ def outputs(spark: SparkSession, handlers: HandlerFactory, cfg: JobConfig) -> Da
     DynamoDB table."""
     partitions, layout = partitions_for(spark, cfg)
     records = spark.readStream.format("shardless_kinesis").options(**cfg.source_options()).load()
+    records = metrics.observe_shards(records)  # per-shard lag in Spark's progress
     # A new checkpoint's first batch wakes the slices whose timers are pending
     # (`shardless.processor.driver.timer_source`); the Kinesis source stays the first in the
     # offset log. A checkpoint written with the Kinesis source alone (before this source
@@ -214,7 +215,7 @@ def outputs(spark: SparkSession, handlers: HandlerFactory, cfg: JobConfig) -> Da
         records = records.unionByName(wake.load())
     handlers, _ = typed_outputs.declared(handlers, cfg.app)  # checked where emitted
     runner = GroupRunner(handlers, runtime_config(cfg, partitions))
-    return group_plan(records, cfg, partitions, runner)
+    return metrics.observe_batch(group_plan(records, cfg, partitions, runner))
 
 
 @dataclass
@@ -228,6 +229,8 @@ class BatchReport:
     segment_bytes: int = 0
     group_seconds_max: float = 0.0
     timers_fired: int = 0
+    dead_letters: int = 0
+    handler_retries: int = 0
     snapshots: int = 0
     snapshot_bytes: int = 0
     restored_bytes: int = 0
@@ -298,6 +301,8 @@ def start(
                 report.segment_bytes += m["segment_bytes"]
                 report.group_seconds_max = max(report.group_seconds_max, m["seconds"])
                 report.timers_fired += m["timers_fired"]
+                report.dead_letters += m.get("dead_letters", 0)
+                report.handler_retries += m.get("handler_retries", 0)
                 report.restores += m["restores"]
                 report.group_pids[m["group"]] = m.get("pid", 0)
                 report.snapshots += m.get("snapshots", 0)
@@ -316,6 +321,10 @@ def start(
         finally:
             df.unpersist()
 
+    if cfg.metrics_port:
+        from shardless.processor.driver import prometheus
+
+        prometheus.serve(spark, cfg.app, cfg.metrics_host, cfg.metrics_port)
     writer = (
         outputs(spark, handlers, cfg)
         .writeStream.outputMode("update")

@@ -26,12 +26,14 @@ def launched_by_spark_submit() -> bool:
 
 
 def session(
-    master: str | None = None, groups: int = 8, app_name: str = "shardless"
+    master: str | None = None, groups: int = 8, app_name: str = "shardless", ui: bool = True
 ) -> SparkSession:
     """Create (or reuse) the process's session, with the Kinesis and state sources registered.
 
     `master` None: spark-submit's `--master` when launched by spark-submit (or given in
-    PYSPARK_SUBMIT_ARGS), else local[2].
+    PYSPARK_SUBMIT_ARGS), else local[2]. The Spark UI stays on (`spark.ui.enabled` as the
+    deployment sets it), where its Structured Streaming tab shows shardless's figures;
+    `ui=False` turns it off, for tests and the demo.
     Workers must run this interpreter (its packages), and Python workers are reused so that
     slice stores stay open between batches.
     """
@@ -47,11 +49,12 @@ def session(
         for name, value in os.environ.items():
             if name.startswith(_FORWARDED_ENV):
                 builder = builder.config(f"spark.executorEnv.{name}", value)
+    if not ui:
+        builder = builder.config("spark.ui.enabled", "false")
     spark = (
         builder.appName(app_name)
         .config("spark.sql.shuffle.partitions", str(groups))
         .config("spark.python.worker.reuse", "true")
-        .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")

@@ -47,6 +47,7 @@ def wake_rows(slices: list[int]) -> pa.RecordBatch:
         "data": [None] * n,
         "slice": slices,
         "stream_order": empty,
+        "behind_ms": [None] * n,
     }
     arrays = [pa.array(columns[f.name], f.type) for f in ARROW_SCHEMA]
     return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)

@@ -28,7 +28,7 @@ from shardless.state.slices import key_hash, slice_of
 SCHEMA = (
     "stream string, shard string, sequence_number string, subsequence long, "
     "partition_key string, explicit_hash_key string, arrival timestamp, data binary, "
-    "slice int, stream_order string"
+    "slice int, stream_order string, behind_ms long"
 )
 STRUCT = StructType(
     [
@@ -42,6 +42,7 @@ STRUCT = StructType(
         StructField("data", BinaryType()),
         StructField("slice", IntegerType()),
         StructField("stream_order", StringType()),
+        StructField("behind_ms", LongType()),
     ]
 )
 ARROW_SCHEMA = to_arrow_schema(STRUCT, timezone="UTC")  # as Spark's data source reader does
@@ -49,9 +50,17 @@ ROWS_PER_BATCH = 10_000
 
 
 def record_batch(
-    stream: str, shard_id: str, depth: int, records: list[dict[str, Any]], slices: int
+    stream: str,
+    shard_id: str,
+    depth: int,
+    records: list[dict[str, Any]],
+    slices: int,
+    behind_ms: int | None = None,
 ) -> pa.RecordBatch:
     """One Arrow batch of user records (as `reader.read_shard` returns them) of one shard.
+
+    `behind_ms` goes on the batch's last record (null on the others): the shard's
+    MillisBehindLatest after the batch's read, given with the read's last chunk.
 
     `slice` is `(h * slices) >> 128` of the record's explicit hash key if it has one, else
     of the MD5 of its partition key; `stream_order` is lineage depth (4 digits), sequence
@@ -98,5 +107,6 @@ def record_batch(
         pa.array([r["Data"] for r in records], pa.binary()),
         pa.array(slice_col, pa.int32()),
         pa.array(order, pa.string()),
+        pa.array([None] * (n - 1) + [behind_ms] if n else [], pa.int64()),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)

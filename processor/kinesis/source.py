@@ -243,7 +243,9 @@ class KinesisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, _Partition)
         read, slices = partition.read, partition.slices
-        records, _ = read_shard(kinesis_client(self.endpoint), BatchLog(self.table), read)
+        records, end = read_shard(kinesis_client(self.endpoint), BatchLog(self.table), read)
         for lo in range(0, len(records), ROWS_PER_BATCH):
             chunk = records[lo : lo + ROWS_PER_BATCH]
-            yield record_batch(read.stream, read.shard_id, read.depth, chunk, slices)
+            last = lo + ROWS_PER_BATCH >= len(records)
+            behind = end.get("behind_ms") if last else None
+            yield record_batch(read.stream, read.shard_id, read.depth, chunk, slices, behind)

@@ -131,7 +131,7 @@ def _run(work: Path) -> int:
         max_records_per_shard=8_000,
     )
     out_dir = str(work / "outputs")
-    spark = session(MASTER, groups=cfg.groups, app_name="shardless-demo")
+    spark = session(MASTER, groups=cfg.groups, app_name="shardless-demo", ui=False)
     reports: list[BatchReport] = []
     finished: list[float] = []
     wiped = 0
