@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-# Each figure: (metric name stem, unit suffix of the total, help).
+# Each figure: (the stem of its metric names, help).
 _FIGURES = {
     "records": ("records", "Kinesis user records processed"),
     "outputs": ("outputs", "outputs emitted"),
