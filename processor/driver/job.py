@@ -23,6 +23,7 @@ from shardless.changelog.errors import ConfigurationError
 from shardless.processor.api.handlers import HandlerFactory
 from shardless.processor.driver import heartbeat, metrics, typed_outputs
 from shardless.processor.driver.config import JobConfig
+from shardless.processor.driver.imports import check_import_done
 from shardless.processor.errors import ConfigError
 from shardless.processor.kinesis.shards import list_shards
 from shardless.processor.runtime.group_runner import (
@@ -82,6 +83,7 @@ def prepare(cfg: JobConfig, spark: SparkSession | None = None) -> None:
                     f"(`shardless local up`) or fix {fix}"
                 ) from exc
             raise ConfigError(str(exc)) from exc
+    check_import_done(cfg.location)
     if not (
         is_committed(cfg.starting_position)
         or cfg.allow_recount

@@ -22,6 +22,7 @@ from botocore.exceptions import ClientError
 from shardless.changelog import aws, fence, resources, rollback
 from shardless.changelog.durable import DurableState
 from shardless.changelog.layout import AppLocation
+from shardless.processor.driver.imports import check_import_done, installed_by_import
 from shardless.processor.driver.progress import (
     LATEST_SK,
     Progress,
@@ -59,6 +60,10 @@ def register(
     checkpoint.
     """
     ddb = aws.client("dynamodb")
+    try:
+        check_import_done(loc)
+    except ConfigError as exc:
+        raise ProcessorError(str(exc)) from exc
     if query in fence.fenced(loc):
         raise ProcessorError(
             f"query {query} (this checkpoint) may no longer work on application "
@@ -172,7 +177,8 @@ def _reads_again(loc: AppLocation, found: Progress, streams: tuple[str, ...] | N
         return True
     if found["batch"] is None:
         slices = list(range(resources.app_slices(loc)))
-        return any(h.committed for h in DurableState(loc).heads(slices).values())
+        heads = DurableState(loc).heads(slices).values()
+        return any(h.committed and not installed_by_import(h) for h in heads)
     if streams is None:
         return True
     counted = {key.split("/", 1)[0] for key in found["positions"]}

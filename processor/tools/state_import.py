@@ -35,10 +35,11 @@ from shardless.changelog import aws, fence, resources, verify
 from shardless.changelog.durable import DurableState
 from shardless.changelog.errors import ChangelogError, CommitConflictError, ConfigurationError
 from shardless.changelog.inspect import Digest, digest
-from shardless.changelog.layout import APP_PK, AppLocation, Head, SnapRef, new_uid
+from shardless.changelog.layout import AppLocation, Head, SnapRef, new_uid
 from shardless.changelog.reslice import install
 from shardless.changelog.restore import identity, materialize
 from shardless.changelog.snapshot import write_snapshot
+from shardless.processor.driver.imports import DONE, QUERY_PREFIX, import_key, read_import
 from shardless.processor.driver.progress import LATEST_SK, describe, read_record
 from shardless.processor.errors import ProcessorError
 from shardless.processor.tools import import_rows
@@ -47,7 +48,6 @@ from shardless.processor.tools.state_app import location, progress_bar, refuse_i
 from shardless.state.slices import DEFAULT_SLICES, check_slices
 from shardless.state.store import SliceStore
 
-IMPORT_SK = "import"  # the application's import record: pk="app" sk="import"
 _FLUSH_BYTES = 32 << 20  # staged values held in memory before they go to the stores
 
 
@@ -161,7 +161,7 @@ def what_exists(loc: AppLocation, heads: dict[int, Head], mine: str = "") -> lis
             f"{len(committed)} slices with committed state (slice {first.slice} at version "
             f"{first.version}, query {first.query or '?'})"
         )
-    claim = _read_claim(loc)
+    claim = read_import(loc)
     if claim is not None and claim["query"] != mine:
         found.append(
             f"an import {claim['status']} ({claim['query']}, begun "
@@ -185,28 +185,13 @@ def refuse_unless_new(loc: AppLocation, heads: dict[int, Head], mine: str = "") 
         )
 
 
-def _claim_key() -> dict[str, Any]:
-    return {"pk": {"S": APP_PK}, "sk": {"S": IMPORT_SK}}
-
-
-def _read_claim(loc: AppLocation) -> dict[str, Any] | None:
-    item = (
-        aws.client("dynamodb")
-        .get_item(TableName=loc.table, Key=_claim_key(), ConsistentRead=True)
-        .get("Item")
-    )
-    if item is None:
-        return None
-    return {"query": item["query"]["S"], "status": item["status"]["S"], "at": int(item["at"]["N"])}
-
-
 def claim(loc: AppLocation, query: str, inputs: list[str]) -> None:
     """Record that `query` imports into the application, unless an import already did."""
     try:
         aws.client("dynamodb").put_item(
             TableName=loc.table,
             Item={
-                **_claim_key(),
+                **import_key(),
                 "query": {"S": query},
                 "status": {"S": "in progress"},
                 "at": {"N": str(int(time.time() * 1000))},
@@ -217,7 +202,7 @@ def claim(loc: AppLocation, query: str, inputs: list[str]) -> None:
     except ClientError as exc:
         if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
             raise
-        found = _read_claim(loc) or {"status": "?", "query": "?", "at": 0}
+        found = read_import(loc) or {"status": "?", "query": "?", "at": 0}
         raise StateImportError(
             f"application {loc.app!r} already has an import {found['status']} "
             f"({found['query']}); import into a new application name"
@@ -233,11 +218,11 @@ def _set_claim(loc: AppLocation, query: str, status: str | None) -> None:
     }
     ddb = aws.client("dynamodb")
     if status is None:
-        ddb.delete_item(TableName=loc.table, Key=_claim_key(), **cond)
+        ddb.delete_item(TableName=loc.table, Key=import_key(), **cond)
         return
     cond["ExpressionAttributeNames"]["#s"] = "status"
     cond["ExpressionAttributeValues"][":s"] = {"S": status}
-    ddb.update_item(TableName=loc.table, Key=_claim_key(), UpdateExpression="SET #s = :s", **cond)
+    ddb.update_item(TableName=loc.table, Key=import_key(), UpdateExpression="SET #s = :s", **cond)
 
 
 # ---- 4 to 6: upload, install, verify ------------------------------------------------------
@@ -325,7 +310,7 @@ def import_command(args: argparse.Namespace) -> int:
         if not staging.counts:
             raise ImportInputError(f"no rows in {', '.join(report.inputs)}: nothing to import")
         if args.apply:
-            report.query = f"import:{loc.app}:{new_uid()[:8]}"
+            report.query = f"{QUERY_PREFIX}{loc.app}:{new_uid()[:8]}"
             _apply(args, loc, slices, staging, report)
     finally:
         staging.close()
@@ -359,7 +344,7 @@ def _apply(
             "on it: " + "; ".join(problems)
         )
     report.verified = True
-    _set_claim(loc, report.query, "done")
+    _set_claim(loc, report.query, DONE)
 
 
 def _lines(report: ImportReport) -> list[str]:

@@ -19,10 +19,14 @@ from shardless.changelog.durable import DurableState
 from shardless.changelog.inspect import entries, opened
 from shardless.changelog.layout import AppLocation
 from shardless.processor import cli
+from shardless.processor.driver import takeover
 from shardless.processor.driver.config import JobConfig
+from shardless.processor.driver.imports import IMPORT_SK, check_import_done
+from shardless.processor.driver.imports import read_import as _read_claim
+from shardless.processor.errors import ConfigError, ProcessorError
 from shardless.processor.local import demo
 from shardless.processor.runtime.routing import route
-from shardless.processor.tools.state_import import IMPORT_SK, _read_claim
+from shardless.processor.tools.state_import import claim
 from shardless.processor.tools.state_source import read_state
 from tests.processor.runtime.test_runtime import KEYS, SLICES, frame, runner
 
@@ -226,6 +230,29 @@ def test_slices_other_than_the_applications_are_refused(location, tmp_path, caps
     src = write_jsonl(tmp_path / "v.jsonl", [{"key": "a", "value": 1}])
     code, data, _ = do_import(capsys, location, "--input", str(src), "--slices", "32")
     assert code == 2 and "exists with 16 slices" in data["error"]
+
+
+# ---- what a job makes of an import ----------------------------------------------------------
+
+
+def test_a_new_checkpoint_starts_on_imported_state_after_a_query_that_committed_nothing(
+    location, tmp_path, capsys
+):
+    """The imported state is no stream's records: a first job that began and committed
+    nothing does not make the next checkpoint at its own starting position a recount."""
+    src = write_jsonl(tmp_path / "v.jsonl", [{"key": f"k{i}", "value": i} for i in range(20)])
+    assert do_import(capsys, location, "--input", str(src), "--apply")[0] == 0
+    takeover.register(location, "q-first", 0, None, streams=("s",))  # began, then died
+    takeover.check_new_start(location, ("s",))  # not refused
+    assert takeover.register(location, "q-second", 0, None, streams=("s",)) == ["q-first"]
+
+
+def test_no_job_starts_on_an_application_whose_import_is_not_done(location, tmp_path):
+    claim(location, "import:x:1", ["in.jsonl"])  # an import that died before it was done
+    with pytest.raises(ConfigError, match="its import \\(import:x:1\\) is in progress"):
+        check_import_done(location)
+    with pytest.raises(ProcessorError, match="no job may run on it"):
+        takeover.register(location, "q1", 0, None, streams=("s",))
 
 
 # ---- a real job continues from the imported values ----------------------------------------
