@@ -1,0 +1,319 @@
+"""Put-to-output latency and recovery time: `python -m bench.latency --json`.
+
+One `shardless run` job with its defaults (256 slices, chains, group owner `worker`), a
+1-second trigger and the Kinesis source, on `local-cluster[2,1,1024]` against kinesalite
+and moto, runs `bench/latency_app.py`: every record carries the producer's wall clock at
+its put, and the `foreach_batch` sink notes when each batch's outputs reached the driver
+after the state commit. In one run:
+
+1. **saturation**: a backlog put before the job starts; its drain rate (records of every
+   batch after the first over the time between their deliveries) is the throughput;
+2. **load phases** at 25 %, 50 % and 75 % of it, records put at a fixed rate: p50, p99
+   and max put-to-output latency of the records put after each phase settled, and the
+   batch durations from Spark's progress reports;
+3. **executor kill** at 50 %: after a pre-kill window (its own p99 is the bar), kill -9 of
+   one executor JVM and its Python workers, its slice stores removed (its host is gone);
+   recovery is the seconds from the kill until a 5-second window of outputs of records put
+   after the kill has its p99 back under the bar; with the slices restored and their bytes;
+4. **driver restart** at 50 %: the same, the whole job killed -9 and started again at once
+   on the same checkpoint.
+
+Every record put is checked to come out exactly once (per key the counts are 1..n). The
+figures are only meaningful on an idle machine: the job, the emulators and the producer
+share its cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+
+from bench import latency_app
+from bench.latency_rig import MASTER, TRIGGER_S, Deliveries, Job, Producer, read_progress
+from bench.latency_stats import (
+    distribution,
+    drain_rate,
+    exactly_once_problems,
+    latency_summary,
+    phase_rates,
+    recovery_seconds,
+)
+from shardless.processor.local import emulators as local_aws
+from shardless.processor.local.faults.events import create_stream
+
+LOADS = (0.25, 0.50, 0.75)
+RECOVERY_LOAD = 0.50
+GOAL_P99_MS_AT_50PCT = 2_500
+GOAL_RECOVERY_S = 30.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How long each part runs (`--quick` shortens them)."""
+
+    shards: int = 2
+    keys: int = 10_000
+    backlog: int = 200_000
+    phase_s: float = 120.0
+    settle_s: float = 15.0  # the start of each phase, left out of its percentiles
+    pre_kill_s: float = 60.0
+    recovery_limit_s: float = 180.0
+    window_s: float = 5.0
+    drain_timeout_s: float = 300.0
+    start_timeout_s: float = 300.0
+    driver_restart: bool = True
+
+    @classmethod
+    def quick(cls) -> Plan:
+        return cls(
+            backlog=60_000, phase_s=20.0, settle_s=5.0, pre_kill_s=15.0, recovery_limit_s=90.0
+        )
+
+
+# ---------------------------------------------------------------- the run
+
+
+def wait_delivered(deliveries: Deliveries, ids: list[int], job: Job, timeout_s: float) -> bool:
+    """Wait until every one of `ids` is delivered (True), or the driver ends or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        deliveries.poll()
+        if all(i in deliveries.delivered for i in ids):
+            return True
+        if job.driver.poll() is not None:
+            raise RuntimeError(f"the driver ended:\n{job.driver.tail(30)}")
+        time.sleep(0.2)
+    return False
+
+
+def phase_figures(
+    deliveries: Deliveries, producer: Producer, phase: dict[str, Any], settle_s: float
+) -> dict[str, Any]:
+    """Latency of a phase's records put after it settled, and the rate reached."""
+    cut = phase["started"] + settle_s
+    kept = {i: producer.put_at[i] for i in phase["ids"] if producer.put_at[i] >= cut}
+    lat = [latency for _, latency in deliveries.latencies(kept)]
+    return {
+        "put_rate": round(phase["put_rate"], 1),
+        "records": len(phase["ids"]),
+        **latency_summary(lat),
+        "undelivered": len(kept) - len(lat),
+    }
+
+
+def batch_seconds(progress: list[dict[str, Any]], since: float, until: float) -> list[float]:
+    """Spark's triggerExecution seconds of the batches with input that started in the span."""
+    from datetime import datetime
+
+    out = []
+    for p in progress:
+        started = datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp()
+        if p["input_rows"] and since <= started < until:
+            out.append(p["duration_ms"].get("triggerExecution", 0) / 1000)
+    return out
+
+
+def recovery_phase(
+    name: str,
+    fault: Callable[[], dict[str, Any]],
+    rate: float,
+    plan: Plan,
+    producer: Producer,
+    deliveries: Deliveries,
+    job: Job,
+) -> dict[str, Any]:
+    """At `rate`: a pre-fault window, the fault, then load until latency is back under
+    the pre-fault p99 (or `plan.recovery_limit_s`)."""
+    pre = producer.at_rate(rate, plan.pre_kill_s)
+    wait_delivered(deliveries, pre["ids"], job, plan.drain_timeout_s)
+    before = phase_figures(deliveries, producer, pre, plan.settle_s)
+    bar_s = before["p99_ms"] / 1000
+    reports_before = len(job.reports())
+    fault_at = time.time()
+    what = fault()
+    found: list[float | None] = [None]
+    min_records = max(1, round(rate * plan.window_s / 2))
+
+    def recovered(ids: list[int]) -> bool:
+        deliveries.poll()
+        put = {i: producer.put_at[i] for i in ids}
+        found[0] = recovery_seconds(
+            deliveries.latencies(put), fault_at, bar_s, plan.window_s, 0.5, min_records
+        )
+        return found[0] is not None
+
+    after = producer.at_rate(rate, plan.recovery_limit_s, stop=recovered)
+    wait_delivered(deliveries, after["ids"], job, plan.drain_timeout_s)
+    recovered(after["ids"])
+    reports = job.reports()[reports_before:]
+    post = {i: producer.put_at[i] for i in after["ids"]}
+    return {
+        f"recovery_s_{name}": found[0],
+        "pre_fault": before,
+        "pre_fault_p99_ms": before["p99_ms"],
+        "after_fault": latency_summary([lat for _, lat in deliveries.latencies(post)]),
+        "fault": what,
+        "observed_s": round(after["ended"] - fault_at, 1),
+        "restored_slices": sum(r.get("restored_slices", 0) for r in reports),
+        "restored_bytes": sum(r.get("restored_bytes", 0) for r in reports),
+        "restore_seconds_max": max((r.get("restore_seconds_max", 0) for r in reports), default=0),
+        "batches_reported": len(reports),
+    }
+
+
+def run(plan: Plan, aws: local_aws.LocalAws, work: Path, seed: int = 7) -> dict[str, Any]:
+    """The whole benchmark against running emulators; the JSON summary."""
+    started = time.monotonic()
+    app = f"latency-{uuid.uuid4().hex[:8]}"
+    kinesis = boto3.session.Session().client(
+        "kinesis",
+        endpoint_url=aws.kinesis_endpoint,
+        region_name=local_aws.REGION,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    create_stream(kinesis, app, plan.shards)
+    producer = Producer(kinesis, app, plan.keys, random.Random(seed))
+    deliveries = Deliveries(work / latency_app.DELIVERIES)
+    job = Job(work, app, aws.env())
+    try:
+        backlog_put = time.time()
+        backlog = producer.put(plan.backlog)
+        backlog_put_s = time.time() - backlog_put
+        job.start()
+        drain_s = plan.start_timeout_s + plan.drain_timeout_s
+        if not wait_delivered(deliveries, backlog, job, drain_s):
+            raise RuntimeError(f"the backlog was not drained:\n{job.driver.tail(30)}")
+        throughput = drain_rate(deliveries.with_records(set(backlog)))
+        if not throughput:
+            raise RuntimeError("the backlog came out in one batch: raise --backlog")
+        out: dict[str, Any] = {
+            "throughput_records_per_s": round(throughput, 1),
+            "backlog": {"records": plan.backlog, "put_s": round(backlog_put_s, 2),
+                        "batches": len(deliveries.with_records(set(backlog)))},
+        }  # fmt: skip
+        progress_path = work / latency_app.PROGRESS
+        phases = {}
+        phases_started = time.time()
+        for fraction, rate in zip(LOADS, phase_rates(throughput, LOADS), strict=True):
+            phase = producer.at_rate(rate, plan.phase_s)
+            wait_delivered(deliveries, phase["ids"], job, plan.drain_timeout_s)
+            figures = phase_figures(deliveries, producer, phase, plan.settle_s)
+            span = (phase["started"] + plan.settle_s, phase["ended"])
+            seconds = batch_seconds(read_progress(progress_path), *span)
+            figures["batch_seconds"] = distribution(seconds)
+            figures["target_rate"] = round(rate, 1)
+            phases[f"{round(fraction * 100)}pct"] = figures
+            for name in ("p50_ms", "p99_ms", "max_ms"):
+                out[f"{name[:-3]}_ms_at_{round(fraction * 100)}pct"] = figures.get(name)
+        out["phases"] = phases
+        out["batch_seconds"] = distribution(
+            batch_seconds(read_progress(progress_path), phases_started, time.time())
+        )
+        rate = throughput * RECOVERY_LOAD
+        kill = recovery_phase("executor_kill", job.kill_executor, rate, plan, producer,
+                              deliveries, job)  # fmt: skip
+        out["recovery_s_executor_kill"] = kill.pop("recovery_s_executor_kill")
+        out["restored_slices"] = kill["restored_slices"]
+        out["restored_bytes"] = kill["restored_bytes"]
+        out["executor_kill"] = kill
+        if plan.driver_restart:
+            restart = recovery_phase("driver_restart", job.restart_driver, rate, plan, producer,
+                                     deliveries, job)  # fmt: skip
+            out["recovery_s_driver_restart"] = restart.pop("recovery_s_driver_restart")
+            out["driver_restart"] = restart
+        deliveries.poll()
+        problems = exactly_once_problems(
+            (outs for _, outs in deliveries.batches.values()), producer.put_keys
+        )
+    finally:
+        job.stop()
+    out.update(_verdicts(out, plan, problems, deliveries, producer))
+    out["seconds"] = round(time.monotonic() - started, 1)
+    return out
+
+
+def _verdicts(
+    out: dict[str, Any],
+    plan: Plan,
+    problems: list[str],
+    deliveries: Deliveries,
+    producer: Producer,
+) -> dict[str, Any]:
+    p99 = out.get("p99_ms_at_50pct")
+    rec = out.get("recovery_s_executor_kill")
+    return {
+        "records_put": len(producer.put_keys),
+        "records_delivered": len(deliveries.delivered),
+        "batches_delivered": len(deliveries.batches),
+        "sink_calls": deliveries.calls,
+        "exactly_once": not problems,
+        "problems": problems[:10],
+        "p99_at_50pct_over_trigger": None if p99 is None else round(p99 / 1000 / TRIGGER_S, 2),
+        "goals": {
+            "p99_ms_at_50pct_le_2500": p99 is not None and p99 <= GOAL_P99_MS_AT_50PCT,
+            "recovery_s_executor_kill_le_30": rec is not None and rec <= GOAL_RECOVERY_S,
+        },
+        "config": {
+            "master": MASTER,
+            "trigger_s": TRIGGER_S,
+            "slices": 256,
+            "shards": plan.shards,
+            "keys": plan.keys,
+            "plan": plan.__dict__,
+            "cpus": os.cpu_count(),
+            "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", action="store_true", help="print the JSON summary only")
+    parser.add_argument("--quick", action="store_true", help="short phases (a few minutes)")
+    parser.add_argument("--work", help="folder for the checkpoint, stores, logs, deliveries")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--shards", type=int)
+    parser.add_argument("--keys", type=int)
+    parser.add_argument("--backlog", type=int, help="records of the saturation phase")
+    parser.add_argument("--phase-s", type=float, help="seconds of each load phase")
+    parser.add_argument("--settle-s", type=float, help="start of a phase left out")
+    parser.add_argument("--pre-kill-s", type=float, help="load before each fault")
+    parser.add_argument("--recovery-limit-s", type=float, help="load after a fault, at most")
+    parser.add_argument("--window-s", type=float, help="the recovery check's window")
+    parser.add_argument("--no-driver-restart", action="store_true")
+    args = parser.parse_args(argv)
+    plan = Plan.quick() if args.quick else Plan()
+    given = {
+        name: getattr(args, name)
+        for name in ("shards", "keys", "backlog", "phase_s", "settle_s", "pre_kill_s",
+                     "recovery_limit_s", "window_s")
+        if getattr(args, name) is not None
+    }  # fmt: skip
+    plan = Plan(**{**plan.__dict__, **given, "driver_restart": not args.no_driver_restart})
+    work = Path(args.work or tempfile.mkdtemp(prefix="shardless-latency-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"bench.latency: working in {work}", file=sys.stderr)
+    emulators = local_aws.start("kinesalite", log_dir=work / "local-aws")
+    try:
+        summary = run(plan, emulators, work, args.seed)
+    finally:
+        emulators.stop()
+    print(json.dumps(summary, indent=2 if args.json else None))
+    return 0 if summary["exactly_once"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,250 @@
+"""`bench.latency`: its pure parts (percentiles, pacing, drain rate, recovery, the
+exactly-once check), its sink and the reader of what the sink wrote, and one quick run of
+the whole benchmark against the emulators."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bench import latency, latency_app, latency_rig
+from bench.latency_stats import (
+    Output,
+    distribution,
+    drain_rate,
+    due,
+    exactly_once_problems,
+    latency_summary,
+    percentile,
+    phase_rates,
+    recovery_seconds,
+)
+
+finite = st.floats(min_value=0, max_value=1e6, allow_nan=False)
+
+
+@given(st.lists(finite, min_size=1, max_size=200), st.floats(min_value=0.5, max_value=100))
+def test_percentile_is_a_value_with_q_percent_at_or_below_it(values: list[float], q: float) -> None:
+    p = percentile(values, q)
+    assert p in values
+    at_or_below = sum(1 for v in values if v <= p)
+    below = sum(1 for v in values if v < p)
+    assert at_or_below >= q / 100 * len(values)  # enough values at or below it
+    assert below < q / 100 * len(values)  # and it is the smallest such value
+
+
+def test_percentile_nearest_rank_examples() -> None:
+    values = list(range(1, 101))
+    assert percentile(values, 50) == 50
+    assert percentile(values, 99) == 99
+    assert percentile(values, 100) == 100
+    assert percentile([3.0], 99) == 3.0
+    with pytest.raises(ValueError):
+        percentile([], 50)
+
+
+def test_latency_summary_and_distribution_in_their_units() -> None:
+    assert latency_summary([0.5, 1.0, 2.0]) == {
+        "records": 3,
+        "p50_ms": 1000,
+        "p99_ms": 2000,
+        "max_ms": 2000,
+    }
+    assert latency_summary([]) == {"records": 0}
+    d = distribution([1.0, 2.0, 3.0, 4.0])
+    assert d["count"] == 4 and d["mean"] == 2.5 and d["p50"] == 2.0 and d["max"] == 4.0
+
+
+@given(
+    st.floats(min_value=0.1, max_value=50_000),
+    st.lists(st.floats(min_value=0.0, max_value=0.5), min_size=1, max_size=100),
+)
+def test_pacing_keeps_the_rate_whatever_the_call_gaps(rate: float, gaps: list[float]) -> None:
+    """However late the producer comes back, after each put it is exactly on schedule."""
+    elapsed, sent = 0.0, 0
+    for gap in gaps:
+        elapsed += gap
+        sent += due(rate, elapsed, sent)
+        assert sent == math.floor(rate * elapsed)
+
+
+@given(st.floats(min_value=1, max_value=1e6))
+def test_phase_rates_are_the_shares_of_the_throughput(throughput: float) -> None:
+    rates = phase_rates(throughput, latency.LOADS)
+    assert rates == pytest.approx([throughput * 0.25, throughput * 0.5, throughput * 0.75])
+    with pytest.raises(ValueError):
+        phase_rates(0, latency.LOADS)
+
+
+@given(st.lists(st.integers(min_value=1, max_value=20_000), min_size=2, max_size=20))
+def test_drain_rate_counts_every_batch_after_the_first(sizes: list[int]) -> None:
+    # one batch per second after a slow first one: the rate is the later batches' records/s
+    deliveries = [(100.0 + i, n) for i, n in enumerate(sizes)]
+    random.Random(len(sizes)).shuffle(deliveries)  # order of the file does not matter
+    rate = drain_rate(deliveries)
+    assert rate == pytest.approx(sum(sizes[1:]) / (len(sizes) - 1))
+    assert drain_rate(deliveries[:1]) is None
+
+
+def _series(fault_at: float, outage_s: float, steady_s: float, rate: float = 20.0):
+    """Records put every 1/rate s after a fault: those put during the outage come out when
+    it ends; afterwards each comes out `steady_s` after its put."""
+    out = []
+    for i in range(int(rate * 120)):
+        put = fault_at + i / rate
+        deliver = max(put + steady_s, fault_at + outage_s)
+        out.append((deliver, deliver - put))
+    return out
+
+
+@given(st.floats(min_value=1.0, max_value=60.0), st.floats(min_value=0.2, max_value=1.5))
+def test_recovery_ends_after_the_outage_within_a_window(outage: float, steady: float) -> None:
+    samples = _series(1000.0, outage, steady)
+    found = recovery_seconds(samples, 1000.0, threshold_s=2.0, window_s=5.0, step_s=0.5)
+    assert found is not None
+    # the first window under the bar ends after the backlog came out, at most a window and a
+    # step later than the first moment its p99 can have dropped below the bar
+    assert outage < found <= outage + 2.0 + 5.0 + 0.5
+
+
+def test_recovery_is_none_when_latency_never_comes_back() -> None:
+    samples = _series(0.0, 500.0, 0.5)  # the outage outlasts the series
+    assert recovery_seconds(samples, 0.0, threshold_s=2.0) is None
+    assert recovery_seconds([], 0.0, threshold_s=2.0) is None
+
+
+def test_recovery_needs_enough_records_in_a_window() -> None:
+    samples = [(10.0, 0.1)]  # one fast record is no recovery when a window needs 10
+    assert recovery_seconds(samples, 0.0, 1.0, window_s=5.0, min_records=10) is None
+    assert recovery_seconds(samples, 0.0, 1.0, window_s=5.0, min_records=1) is not None
+
+
+def _batch(*outs: tuple[str, int, int]) -> list[tuple[str, Output]]:
+    return [(key, Output(record, 0, count)) for key, record, count in outs]
+
+
+def test_exactly_once_accepts_each_record_once_with_counts_one_to_n() -> None:
+    put = {0: "a", 1: "b", 2: "a"}
+    batches = [_batch(("a", 0, 1), ("b", 1, 1)), _batch(("a", 2, 2))]
+    assert exactly_once_problems(batches, put) == []
+
+
+@pytest.mark.parametrize(
+    ("batches", "found"),
+    [
+        ([_batch(("a", 0, 1))], "never delivered"),
+        ([_batch(("a", 0, 1), ("b", 1, 1)), _batch(("a", 2, 2), ("b", 1, 1))], "two batches"),
+        ([_batch(("a", 0, 1), ("b", 1, 1), ("a", 2, 1))], "counts are not"),
+        ([_batch(("a", 0, 1), ("a", 1, 2), ("a", 2, 3))], "under key"),
+        ([_batch(("a", 0, 1), ("b", 1, 1), ("a", 2, 2), ("c", 9, 1))], "never put"),
+    ],
+)
+def test_exactly_once_names_each_kind_of_problem(batches, found: str) -> None:
+    problems = exactly_once_problems(batches, {0: "a", 1: "b", 2: "a"})
+    assert any(found in p for p in problems), problems
+
+
+class _Rows:
+    def __init__(self, rows: list[SimpleNamespace]) -> None:
+        self.rows = rows
+
+    def select(self, *_: str) -> _Rows:
+        return self
+
+    def collect(self) -> list[SimpleNamespace]:
+        return self.rows
+
+
+def test_sink_lines_read_back_once_per_batch_with_first_delivery(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every output the sink is given is read back, a batch delivered twice (a re-run
+    after a driver restart) counts once, and its records keep their first delivery."""
+    monkeypatch.setenv(latency_app.OUT_VARIABLE, str(tmp_path))
+    monkeypatch.setattr(latency_app, "_listening", [object()])  # no Spark session here
+    rows = [SimpleNamespace(key=f"k{i}", value=json.dumps([i, 1000 + i, 1])) for i in range(7)]
+    reader = latency_rig.Deliveries(tmp_path / latency_app.DELIVERIES)
+    latency_app.deliver(_Rows(rows[:3]), SimpleNamespace(query_id="q", batch_id=0))
+    reader.poll()
+    latency_app.deliver(_Rows(rows[3:]), SimpleNamespace(query_id="q", batch_id=1))
+    latency_app.deliver(_Rows(rows[3:]), SimpleNamespace(query_id="q", batch_id=1))
+    reader.poll()
+    assert reader.calls == 3
+    assert len(reader.batches) == 2
+    assert sorted(reader.delivered) == list(range(7))
+    first_of_1 = reader.batches[("q", 1)][0]
+    assert all(reader.delivered[i] == first_of_1 for i in range(3, 7))
+    lat = reader.latencies({i: reader.delivered[i] - 0.25 for i in range(7)})
+    assert [round(x, 6) for _, x in lat] == [0.25] * 7
+    assert reader.with_records({4}) == [(first_of_1, 4)]
+
+
+def test_a_line_being_written_waits_for_the_next_poll(tmp_path: Path) -> None:
+    path = tmp_path / latency_app.DELIVERIES
+    line = {"query": "q", "batch": 0, "t": 5.0, "keys": ["k"], "values": ["[0, 1, 1]"]}
+    text = json.dumps(line) + "\n"
+    path.write_text(text[:10])
+    reader = latency_rig.Deliveries(path)
+    reader.poll()
+    assert reader.calls == 0
+    path.write_text(text)
+    reader.poll()
+    assert reader.calls == 1 and reader.delivered == {0: 5.0}
+
+
+def test_batch_seconds_keeps_batches_with_input_in_the_span() -> None:
+    progress = [
+        {"timestamp": "2026-01-01T00:00:00.000Z", "input_rows": 5,
+         "duration_ms": {"triggerExecution": 1500}},
+        {"timestamp": "2026-01-01T00:00:02.000Z", "input_rows": 0,
+         "duration_ms": {"triggerExecution": 100}},
+        {"timestamp": "2026-01-01T00:00:04.000Z", "input_rows": 9,
+         "duration_ms": {"triggerExecution": 2500}},
+    ]  # fmt: skip
+    t0 = 1767225600.0
+    assert latency.batch_seconds(progress, t0, t0 + 10) == [1.5, 2.5]
+    assert latency.batch_seconds(progress, t0 + 1, t0 + 10) == [2.5]
+
+
+@pytest.mark.slow
+def test_quick_run_reports_every_figure(tmp_path: Path) -> None:
+    """The whole benchmark, short: the job drains a backlog, runs three load phases, loses
+    an executor and is restarted; every record put comes out exactly once."""
+    plan = latency.Plan(
+        backlog=30_000, phase_s=8.0, settle_s=2.0, pre_kill_s=8.0, recovery_limit_s=60.0
+    )
+    from shardless.processor.local import emulators as local_aws
+
+    aws = local_aws.start("kinesalite", log_dir=tmp_path / "local-aws")
+    try:
+        out = latency.run(plan, aws, tmp_path)
+    finally:
+        aws.stop()
+    assert out["exactly_once"], out["problems"]
+    assert out["records_put"] == out["records_delivered"] > 30_000
+    assert out["backlog"]["batches"] >= 2
+    assert out["throughput_records_per_s"] > 0
+    for pct in ("25pct", "50pct", "75pct"):
+        phase = out["phases"][pct]
+        assert phase["records"] > 0 and phase["undelivered"] == 0
+        assert 0 < phase["p50_ms"] <= phase["p99_ms"] <= phase["max_ms"]
+        assert phase["batch_seconds"]["count"] > 0  # Spark's progress reports were heard
+        assert out[f"p99_ms_at_{pct}"] == phase["p99_ms"]
+    assert out["batch_seconds"]["count"] >= sum(
+        out["phases"][p]["batch_seconds"]["count"] for p in out["phases"]
+    )
+    kill = out["executor_kill"]
+    assert kill["fault"]["processes"] >= 2 and kill["fault"]["stores_removed"] > 0
+    assert out["restored_slices"] > 0 and out["restored_bytes"] > 0
+    assert out["recovery_s_executor_kill"] is None or out["recovery_s_executor_kill"] > 0
+    restart = out["driver_restart"]
+    assert restart["fault"]["processes"] >= 3 and restart["batches_reported"] > 0
+    assert out["recovery_s_driver_restart"] is None or out["recovery_s_driver_restart"] > 0
+    assert out["sink_calls"] >= out["batches_delivered"]
