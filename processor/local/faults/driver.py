@@ -40,6 +40,9 @@ class Driver:
     kill_marks: list[int] = field(default_factory=list)  # reports seen at each executor kill
     query_no: int = 1  # which of the schedule's checkpoints (queries) it runs, from 1
     first_report_at: float | None = None  # time.monotonic() when its first report was read
+    # what runs `args` (default `python -m shardless.processor.cli run`; e.g. spark-submit)
+    command: list[str] | None = None
+    cwd: Path = REPO
     _offset: int = 0
     _partial: str = ""
 
@@ -47,8 +50,11 @@ class Driver:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "shardless.processor.cli", "run", *self.args],
-                cwd=REPO,
+                [
+                    *(self.command or [sys.executable, "-m", "shardless.processor.cli", "run"]),
+                    *self.args,
+                ],
+                cwd=self.cwd,
                 env=self.env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
