@@ -31,6 +31,7 @@ from typing import Any
 from shardless.processor.api.app import load_handler
 from shardless.processor.api.context import Binding, Context, Event, Timer
 from shardless.processor.api.handlers import HandlerFactory
+from shardless.processor.api.keys import KeyChoice
 from shardless.processor.api.policies import RecordPolicy
 from shardless.processor.runtime.dead_letter import DeadLetter
 from shardless.processor.runtime.routing import route
@@ -56,16 +57,22 @@ class TestDriver:
         value_format: str = "msgpack",
         directory: str | Path | None = None,
         policy: RecordPolicy | None = None,
+        key: str | Callable[[Event], str] | None = None,
     ) -> None:
         """`policy`: the decoder and error policies of `shardless run` (`--decoder`,
         `--on-decode-error`, `--on-handler-error`, `--handler-retries`); records set aside
-        are collected in `dead_letters` instead of being written anywhere."""
+        are collected in `dead_letters` instead of being written anywhere. `key`: the key
+        the state is bound to, chosen from each record as a job does (a JSON field path, as
+        `--key-field`, or a function); default the app's `key`, else the partition key."""
         if isinstance(handler, HandlerFactory):
             self.factory = handler
         elif isinstance(handler, str | Path):
             self.factory = load_handler(handler)
         else:
             self.factory = HandlerFactory(handler)
+        self.key_choice = (
+            KeyChoice.of_app(key, "TestDriver(key=...)") if key is not None else self.factory.key
+        )
         self.slices = slices
         self.now_ms = start_ms
         self.lateness = allowed_lateness_ms
@@ -117,8 +124,9 @@ class TestDriver:
     def send(
         self, key: str, data: Any, event_time_ms: int | None = None, stream: str = "test"
     ) -> None:
-        """Queue a record; dicts and lists are sent as JSON, str as UTF-8. `event_time_ms`
-        is its arrival time (default: the processing time), which moves the watermark."""
+        """Queue a record with partition key `key`; dicts and lists are sent as JSON, str as
+        UTF-8. `event_time_ms` is its arrival time (default: the processing time), which
+        moves the watermark. With a chosen key, the record's state key is read from it."""
         if isinstance(data, dict | list):
             data = json.dumps(data).encode()
         elif isinstance(data, str):
@@ -126,9 +134,11 @@ class TestDriver:
         at = self.now_ms if event_time_ms is None else event_time_ms
         self._seq += 1
         arrival = datetime.fromtimestamp(at / 1000, tz=UTC)
-        self._queue.append(
-            Event(stream, "shardId-000000000000", str(self._seq), 0, key, arrival, data)
-        )
+        event = Event(stream, "shardId-000000000000", str(self._seq), 0, key, arrival, data)
+        if self.key_choice is not None:
+            event.key, event.key_error = self.key_choice.of(event)
+            event.key = key if event.key is None else event.key
+        self._queue.append(event)
         self._max_event_ms = max(self._max_event_ms, at)
 
     def advance(self, ms: int) -> None:
@@ -192,7 +202,7 @@ class TestDriver:
         self._check_open()
         self.batch_id += 1
         by_slice: dict[int, list[Event]] = {}
-        for event in self._queue:
+        for event in self._queue:  # by the chosen key, or the partition key (as a job)
             by_slice.setdefault(route(event.key, None, self.slices), []).append(event)
         self._queue = []
         emitted: list[tuple[str, Any]] = []

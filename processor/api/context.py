@@ -32,7 +32,9 @@ def _kind(name: str) -> bytes:
 
 
 class Event:
-    """One Kinesis record, with its coordinates in the stream."""
+    """One Kinesis record, with its coordinates in the stream. `key` is what its state is
+    bound to: the partition key, or the key the app chose from the record
+    (`shardless.processor.api.keys`); `partition_key` is always the producer's."""
 
     __slots__ = (
         "stream",
@@ -40,6 +42,8 @@ class Event:
         "sequence_number",
         "subsequence",
         "key",
+        "partition_key",
+        "key_error",
         "_arrival",
         "_row",
         "data",
@@ -57,16 +61,21 @@ class Event:
         arrival: datetime | Sequence[datetime],
         data: bytes,
         row: int = -1,
+        partition_key: str | None = None,
     ) -> None:
         """`arrival` is the record's time, or (with `row` >= 0) a column of times to take
         row `row` of when the handler first reads it: the runtime's way of not building a
         timestamp object per record for handlers that never look (`docs/benchmarks.md`,
-        "Measurements behind the code")."""
+        "Measurements behind the code"). `partition_key` defaults to `key`."""
         self.stream = stream
         self.shard = shard
         self.sequence_number = sequence_number
         self.subsequence = subsequence
         self.key = key
+        self.partition_key = key if partition_key is None else partition_key
+        # why the app's chosen key could not be read from the record (its `key` is then the
+        # partition key); the record policy decides what happens to it
+        self.key_error: str | None = None
         self._arrival = arrival
         self._row = row
         self.data = data

@@ -24,6 +24,7 @@ from typing import Any
 from pyspark.sql.types import StructType
 
 from shardless.processor.api.context import Context, Event, Timer
+from shardless.processor.api.keys import KeyChoice
 from shardless.processor.api.outputs import OutputCheck, check_schema
 from shardless.processor.errors import AppError
 
@@ -57,7 +58,10 @@ class HandlerFactory:
     `output_schema`: the app's declared outputs, a Spark DDL string or a pyspark
     StructType (`shardless.processor.api.outputs`); None for untyped JSON outputs. A DDL
     string is parsed by Spark when the job starts; a StructType is checked by the
-    `TestDriver` too."""
+    `TestDriver` too.
+
+    `key`: how the app chooses the key its state is bound to (a JSON field path such as
+    "user.id", a function of the record, or a `KeyChoice`); None for the partition key."""
 
     def __init__(
         self,
@@ -65,6 +69,7 @@ class HandlerFactory:
         on_timer: Callable[[Timer, Context], None] | None = None,
         output_schema: str | StructType | None = None,
         app: str | None = None,
+        key: str | Callable[[Event], str] | KeyChoice | None = None,
     ):
         if inspect.isclass(spec):
             if not callable(getattr(spec, "process", None)):
@@ -77,6 +82,9 @@ class HandlerFactory:
         self.on_timer = on_timer
         self.output_schema = output_schema
         self.app = app  # named in output schema errors
+        self.key = (
+            key if isinstance(key, KeyChoice) or key is None else KeyChoice.of_app(key, "key")
+        )
         self.token = uuid.uuid4().hex  # stable across pickling: one handler per slice per worker
 
     def with_outputs(self, schema: StructType, app: str) -> HandlerFactory:

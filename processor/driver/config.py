@@ -13,6 +13,7 @@ from urllib.parse import urlparse
 from shardless.changelog.errors import ConfigurationError
 from shardless.changelog.layout import AppLocation, check_app_name
 from shardless.processor.api.decoders import DECODERS, ON_DECODE_ERROR
+from shardless.processor.api.keys import check_path
 from shardless.processor.api.policies import ON_HANDLER_ERROR, RecordPolicy
 from shardless.processor.errors import ConfigError
 from shardless.processor.kinesis.positions import check_starting
@@ -189,6 +190,14 @@ class JobConfig:
             "application's bucket, <prefix>/dead-letter)"
         ),
     )
+    key_field: str | None = flag(
+        None,
+        help=(
+            "bind state to the string at this JSON field path of each record (such as user.id) "
+            "instead of its partition key; records are routed by its MD5 (default: the app's "
+            "key, else the partition key)"
+        ),
+    )
     metrics_port: int = flag(
         0,
         help=(
@@ -218,6 +227,11 @@ class JobConfig:
         self.record_policy()  # raises ConfigError on a bad decoder or policy
         if self.dead_letter is not None:
             target(self.dead_letter)
+        if self.key_field is not None:
+            try:
+                check_path(self.key_field)
+            except ConfigError as exc:
+                raise ConfigError(f"--key-field: {exc}") from exc
         if self.value_format not in VALUE_FORMATS:
             raise ConfigError(
                 f"value_format {self.value_format!r}: use msgpack (default), json, raw or pickle"

@@ -21,7 +21,7 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 from shardless.changelog import aws, resources
 from shardless.changelog.errors import ConfigurationError
 from shardless.processor.api.handlers import HandlerFactory
-from shardless.processor.driver import heartbeat, metrics, typed_outputs
+from shardless.processor.driver import heartbeat, keys, metrics, typed_outputs
 from shardless.processor.driver.config import JobConfig
 from shardless.processor.driver.imports import check_import_done
 from shardless.processor.errors import ConfigError
@@ -215,9 +215,15 @@ def outputs(spark: SparkSession, handlers: HandlerFactory, cfg: JobConfig) -> Da
             slices=str(cfg.slices),
         )  # fmt: skip
         records = records.unionByName(wake.load())
+    columns = RECORD_COLUMNS
+    choice = keys.chosen(cfg.key_field, handlers)
+    if choice is not None:  # routed by the app's key, in the same shuffle
+        records = keys.keyed(records, choice, cfg.slices)
+        columns = (*RECORD_COLUMNS, *keys.KEY_COLUMNS)
+        log.info("application %r: state is keyed by the %s", cfg.app, choice.describe())
     handlers, _ = typed_outputs.declared(handlers, cfg.app)  # checked where emitted
     runner = GroupRunner(handlers, runtime_config(cfg, partitions))
-    return metrics.observe_batch(group_plan(records, cfg, partitions, runner))
+    return metrics.observe_batch(group_plan(records, cfg, partitions, runner, columns))
 
 
 @dataclass

@@ -4,7 +4,7 @@ A record whose bytes the configured decoder cannot read, or whose handler keeps 
 is set aside here (when the job is configured to) instead of failing the batch. Nothing
 is dropped silently: every dead letter holds the record exactly as read (data in base64),
 its stream, shard, sequence and sub-sequence numbers, partition key and slice, the stage
-that failed (`decode` or `handler`), the error and how many attempts were made.
+that failed (`key`, `decode` or `handler`), the error and how many attempts were made.
 
 Targets:
   s3://bucket/prefix   one JSON-lines object per (query, batch, group):
@@ -47,13 +47,16 @@ class DeadLetter:
     partition_key: str
     slice: int
     data: bytes
-    stage: str  # "decode" or "handler"
+    stage: str  # "key", "decode" or "handler"
     error: str  # "ValueError: boom"
     attempts: int
+    key: str | None = None  # the app's chosen key, when it has one other than the partition key
 
     def to_dict(self, query: str, batch: int, group: int) -> dict[str, Any]:
         out = asdict(self)
         out["data"] = base64.b64encode(self.data).decode()
+        if self.key is None:
+            del out["key"]
         return {**out, "query": query, "batch": batch, "group": group}
 
     @property

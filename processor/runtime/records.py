@@ -1,5 +1,7 @@
 """A group's records as the handler's events: sorted into slices, in stream order within
-each, with wake-up rows (a new checkpoint's timer wake-ups) set apart."""
+each, with wake-up rows (a new checkpoint's timer wake-ups) set apart. When the app chose
+its key (`shardless.processor.driver.keys`), the rows carry it in `key` (null, with the
+reason in `key_error`, for a record without one: its event keeps the partition key)."""
 
 from __future__ import annotations
 
@@ -57,5 +59,14 @@ def prepare(pdf: pd.DataFrame | None, fixed: dict[str, Any] | None = None) -> Gr
     cols = [_column(pdf, name, order, fixed) for name in _EVENT_COLUMNS]
     arrivals = repeat(pdf["arrival"].array, len(order))
     data = pdf["data"].to_numpy()[order].tolist()
-    events = list(map(Event, *cols, arrivals, data, order.tolist()))
+    if "key" not in pdf.columns:
+        events = list(map(Event, *cols, arrivals, data, order.tolist()))
+        return GroupInput(len(order), events, spans)
+    partition_keys = cols[-1]
+    chosen = pdf["key"].to_numpy()[order].tolist()
+    cols[-1] = [k if isinstance(k, str) else p for k, p in zip(chosen, partition_keys, strict=True)]
+    events = list(map(Event, *cols, arrivals, data, order.tolist(), partition_keys))
+    errors = pdf["key_error"].to_numpy()[order]
+    for i in np.flatnonzero(pd.notna(errors)).tolist():
+        events[i].key_error = errors[i]
     return GroupInput(len(order), events, spans)

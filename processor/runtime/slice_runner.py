@@ -52,9 +52,13 @@ def run_slice(
     decoded first and a record that cannot be decoded or whose handler keeps raising is
     handled as the policy says (records set aside are in `dead_letters`)."""
     policy = policy or _DEFAULT
+    if any(e.key_error is not None for e in events):
+        events = _keyless(events, policy, slice_id, batch_id, result := SliceResult())
+    else:
+        result = SliceResult()
     ctx = Context(slice_id, batch_id, tx, value_format, allow_pickle, handler.check_output)
     binding = Binding(ctx, now_ms, watermark_ms)
-    result = SliceResult(outputs=binding.outputs)
+    result.outputs = binding.outputs
     db_keys = keys.data_keys([e.key for e in events])
     if len(db_keys) > 1:
         tx.prefetch(db_keys.values())
@@ -100,20 +104,54 @@ def _handler_failed(event: Event, slice_id: int, batch_id: int, exc: Exception) 
 
 
 def _letter(
-    event: Event, slice_id: int, stage: str, exc: BaseException, attempts: int
+    event: Event, slice_id: int, stage: str, exc: BaseException | str, attempts: int
 ) -> DeadLetter:
     return DeadLetter(
         event.stream,
         event.shard,
         event.sequence_number,
         event.subsequence,
-        event.key,
+        event.partition_key,
         slice_id,
         event.data,
         stage,
-        describe(exc),
+        exc if isinstance(exc, str) else describe(exc),
         attempts,
+        key=event.key if event.key != event.partition_key else None,
     )
+
+
+def _keyless(
+    events: Sequence[Event], policy: RecordPolicy, slice_id: int, batch_id: int, result: SliceResult
+) -> list[Event]:
+    """The events left to run once records without the app's chosen key are dealt with as
+    `--on-decode-error` says: the batch fails naming the first, they are set aside (stage
+    `key`), or they run keyed by their partition key with `event.decode_error` set."""
+    kept = []
+    for event in events:
+        why = event.key_error
+        if why is None:
+            kept.append(event)
+            continue
+        text = f"record {event.coordinates()} has no key: {why}"
+        how = policy.on_decode_error
+        if how == "fail":
+            raise ProcessorError(
+                f"{text} (partition key {event.partition_key!r}, slice {slice_id}, batch "
+                f"{batch_id}); --on-decode-error dead-letter sets such records aside, raw "
+                "passes them to the handler keyed by their partition key"
+            )
+        if how == "dead-letter":
+            result.dead_letters.append(_letter(event, slice_id, "key", f"no key: {why}", 1))
+            log.warning("slice %s batch %s: %s; set aside", slice_id, batch_id, text)
+            continue
+        event.decode_error = f"no key: {why}"
+        log.warning(
+            "slice %s batch %s: %s; passed on keyed by its partition key %r",
+            slice_id, batch_id, text, event.partition_key,
+        )  # fmt: skip
+        kept.append(event)
+    return kept
 
 
 def _decoded(
