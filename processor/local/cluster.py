@@ -63,15 +63,15 @@ class StandaloneCluster:
     """A running master and its workers; `stop()` ends every process under them."""
 
     master_url: str  # spark://127.0.0.1:<port>, for spark-submit --master
-    web_url: str  # the master's web UI; `<web_url>/json` is its state
+    web_url: str  # the master's web UI; `<web_url>/json/` is its state
     folder: Path
     master: Node
     workers: list[Node] = field(default_factory=list)
 
     def state(self) -> dict:
-        """The master's view (`/json`): workers, their state, cores used, applications."""
+        """The master's view (`/json/`): workers, their state, cores used, applications."""
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        with opener.open(f"{self.web_url}/json", timeout=2) as answer:
+        with opener.open(f"{self.web_url}/json/", timeout=2) as answer:
             return json.load(answer)
 
     def alive_workers(self) -> int:
