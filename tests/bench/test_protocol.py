@@ -79,9 +79,11 @@ def test_the_oracle_catches_an_unconditional_commit(aws, monkeypatch):
         ["record", 0],
         ["resume"],
     ]
-    assert run_once(1, 0, settings(), steps).violation is None
+    heads = settings()
+    heads = Settings(replace(heads.spec, commit_format="heads"), heads.max_steps, heads.kinds)
+    assert run_once(1, 0, heads, steps).violation is None
     monkeypatch.setattr(durable, "head_condition", lambda head: {})
-    found = run_once(1, 0, settings(), steps).violation
+    found = run_once(1, 0, heads, steps).violation
     assert found is not None, "the zombie's stale commit went unnoticed"
 
 
@@ -109,15 +111,18 @@ def test_the_oracle_catches_an_unconditional_commit(aws, monkeypatch):
                     ["gc", True], ["resume"]]),
     ],
 )  # fmt: skip
-def test_the_violations_bench_protocol_found_replay_clean(aws, seed, run, steps):
-    s = Settings(spec=Spec(timers=True), max_steps=30, kinds=protocol.KINDS)
+@pytest.mark.parametrize("commit_format", ["heads", "chains"])
+def test_the_violations_bench_protocol_found_replay_clean(aws, seed, run, steps, commit_format):
+    """Found with heads (then the default); replayed with both formats."""
+    spec = Spec(timers=True, commit_format=commit_format)
+    s = Settings(spec=spec, max_steps=30, kinds=protocol.KINDS)
     assert run_once(seed, run, s, steps).violation is None
 
 
-def test_a_seeded_slice_of_chain_commits_has_no_violations(aws):
-    """The same slice with commit_format="chains" (docs/design/group-commits.md)."""
+def test_a_seeded_slice_of_head_commits_has_no_violations(aws):
+    """The same slice with commit_format="heads", the format before chains."""
     s = settings()
-    s = Settings(replace(s.spec, commit_format="chains"), s.max_steps, s.kinds)
+    s = Settings(replace(s.spec, commit_format="heads"), s.max_steps, s.kinds)
     assert failures(int(os.environ.get("PROTOCOL_SEED", "7")), 8, s) == []
 
 
