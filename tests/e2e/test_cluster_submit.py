@@ -23,6 +23,7 @@ compared with a plain-Python fold of the stream (`processor/local/faults/check.p
 from __future__ import annotations
 
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -123,3 +124,6 @@ def test_a_job_submitted_to_a_standalone_cluster_survives_a_lost_worker_exactly_
     problems, total = check.verify(kinesis, cfg, stream, str(out_dir), processed)
     assert total == EVENTS
     assert problems == []
+    # about 1.5 GB of unpacked environments; the logs stay
+    for unpacked in [tmp_path / "pack", *(tmp_path / "cluster").glob("worker-*/work")]:
+        shutil.rmtree(unpacked, ignore_errors=True)
