@@ -159,7 +159,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--md5-routed",
         action="store_true",
-        help="every record was routed by its partition key's MD5 (no explicit hash keys); "
+        help="every record was routed by its key's MD5 (its partition key's, or the app's "
+        "chosen key's; no explicit hash keys); "
         "needed from 1 slice, where keys cannot be checked",
     )
     safety(p)
