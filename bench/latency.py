@@ -82,9 +82,6 @@ class Plan:
         )
 
 
-# ---------------------------------------------------------------- the run
-
-
 def wait_delivered(deliveries: Deliveries, ids: list[int], job: Job, timeout_s: float) -> bool:
     """Wait until every one of `ids` is delivered (True), or the driver ends or time runs out."""
     deadline = time.monotonic() + timeout_s
@@ -98,31 +95,49 @@ def wait_delivered(deliveries: Deliveries, ids: list[int], job: Job, timeout_s: 
     return False
 
 
+def reported(deliveries: Deliveries, job: Job, timeout_s: float = 30.0) -> list[dict[str, Any]]:
+    """Spark's progress reports once they, and the driver's batch reports, cover the newest
+    batch delivered: both are written after the sink returns."""
+    newest = max((b for _, b in deliveries.batches), default=-1)
+    path = job.work / latency_app.PROGRESS
+    deadline = time.monotonic() + timeout_s
+    while True:
+        progress = read_progress(path)
+        done = max((p["batch"] for p in progress), default=-1) >= newest
+        done = done and max((r["batch_id"] for r in job.reports()), default=-1) >= newest
+        if done or time.monotonic() > deadline:
+            return progress
+        time.sleep(0.2)
+
+
 def phase_figures(
-    deliveries: Deliveries, producer: Producer, phase: dict[str, Any], settle_s: float
+    deliveries: Deliveries,
+    producer: Producer,
+    phase: dict[str, Any],
+    settle_s: float,
+    progress: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    """Latency of a phase's records put after it settled, and the rate reached."""
+    """Latency of a phase's records put after it settled, the rate reached, and how long
+    the batches that delivered those records took (`batches`: their ids)."""
     cut = phase["started"] + settle_s
     kept = {i: producer.put_at[i] for i in phase["ids"] if producer.put_at[i] >= cut}
     lat = [latency for _, latency in deliveries.latencies(kept)]
+    batches = deliveries.batch_ids(set(kept))
     return {
         "put_rate": round(phase["put_rate"], 1),
         "records": len(phase["ids"]),
         **latency_summary(lat),
         "undelivered": len(kept) - len(lat),
+        "batch_seconds": distribution(batch_seconds(progress, batches)),
+        "batches": sorted(batches),
     }
 
 
-def batch_seconds(progress: list[dict[str, Any]], since: float, until: float) -> list[float]:
-    """Spark's triggerExecution seconds of the batches with input that started in the span."""
-    from datetime import datetime
-
-    out = []
-    for p in progress:
-        started = datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp()
-        if p["input_rows"] and since <= started < until:
-            out.append(p["duration_ms"].get("triggerExecution", 0) / 1000)
-    return out
+def batch_seconds(progress: list[dict[str, Any]], batches: set[int]) -> list[float]:
+    """Spark's triggerExecution seconds of `batches` (the last report of each: a batch
+    run again after a restart reports once more)."""
+    last = {p["batch"]: p for p in progress if p["batch"] in batches}
+    return [p["duration_ms"].get("triggerExecution", 0) / 1000 for _, p in sorted(last.items())]
 
 
 def recovery_phase(
@@ -134,33 +149,43 @@ def recovery_phase(
     deliveries: Deliveries,
     job: Job,
 ) -> dict[str, Any]:
-    """At `rate`: a pre-fault window, the fault, then load until latency is back under
-    the pre-fault p99 (or `plan.recovery_limit_s`)."""
+    """At `rate`: a pre-fault window (and load until its records are out), the fault,
+    then load until latency is back under the pre-fault p99 (or `plan.recovery_limit_s`)."""
     pre = producer.at_rate(rate, plan.pre_kill_s)
-    wait_delivered(deliveries, pre["ids"], job, plan.drain_timeout_s)
-    before = phase_figures(deliveries, producer, pre, plan.settle_s)
+
+    def pre_delivered(_: list[int]) -> bool:
+        deliveries.poll()
+        return all(i in deliveries.delivered for i in pre["ids"])
+
+    # the load goes on until the pre-fault records are out: the fault meets a busy job
+    producer.at_rate(rate, plan.drain_timeout_s, stop=pre_delivered)
+    progress = reported(deliveries, job)
+    before = phase_figures(deliveries, producer, pre, plan.settle_s, progress)
+    before.pop("batches")
     bar_s = before["p99_ms"] / 1000
     reports_before = len(job.reports())
     fault_at = time.time()
     what = fault()
-    found: list[float | None] = [None]
+    found: float | None = None
     min_records = max(1, round(rate * plan.window_s / 2))
 
     def recovered(ids: list[int]) -> bool:
+        nonlocal found
         deliveries.poll()
         put = {i: producer.put_at[i] for i in ids}
-        found[0] = recovery_seconds(
+        found = recovery_seconds(
             deliveries.latencies(put), fault_at, bar_s, plan.window_s, 0.5, min_records
         )
-        return found[0] is not None
+        return found is not None
 
     after = producer.at_rate(rate, plan.recovery_limit_s, stop=recovered)
     wait_delivered(deliveries, after["ids"], job, plan.drain_timeout_s)
     recovered(after["ids"])
+    reported(deliveries, job)
     reports = job.reports()[reports_before:]
     post = {i: producer.put_at[i] for i in after["ids"]}
     return {
-        f"recovery_s_{name}": found[0],
+        f"recovery_s_{name}": found,
         "pre_fault": before,
         "pre_fault_p99_ms": before["p99_ms"],
         "after_fault": latency_summary([lat for _, lat in deliveries.latencies(post)]),
@@ -206,22 +231,18 @@ def run(plan: Plan, aws: local_aws.LocalAws, work: Path, seed: int = 7) -> dict[
         }  # fmt: skip
         progress_path = work / latency_app.PROGRESS
         phases = {}
-        phases_started = time.time()
         for fraction, rate in zip(LOADS, phase_rates(throughput, LOADS), strict=True):
             phase = producer.at_rate(rate, plan.phase_s)
             wait_delivered(deliveries, phase["ids"], job, plan.drain_timeout_s)
-            figures = phase_figures(deliveries, producer, phase, plan.settle_s)
-            span = (phase["started"] + plan.settle_s, phase["ended"])
-            seconds = batch_seconds(read_progress(progress_path), *span)
-            figures["batch_seconds"] = distribution(seconds)
+            progress = reported(deliveries, job)
+            figures = phase_figures(deliveries, producer, phase, plan.settle_s, progress)
             figures["target_rate"] = round(rate, 1)
             phases[f"{round(fraction * 100)}pct"] = figures
             for name in ("p50_ms", "p99_ms", "max_ms"):
                 out[f"{name[:-3]}_ms_at_{round(fraction * 100)}pct"] = figures.get(name)
         out["phases"] = phases
-        out["batch_seconds"] = distribution(
-            batch_seconds(read_progress(progress_path), phases_started, time.time())
-        )
+        every = {b for p in phases.values() for b in p.pop("batches")}
+        out["batch_seconds"] = distribution(batch_seconds(read_progress(progress_path), every))
         rate = throughput * RECOVERY_LOAD
         kill = recovery_phase("executor_kill", job.kill_executor, rate, plan, producer,
                               deliveries, job)  # fmt: skip

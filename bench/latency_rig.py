@@ -69,6 +69,11 @@ class Deliveries:
         return [(self.delivered[r], self.delivered[r] - t) for r, t in records.items()
                 if r in self.delivered]  # fmt: skip
 
+    def batch_ids(self, ids: set[int]) -> set[int]:
+        """Spark's batch ids of the batches holding any of `ids`."""
+        return {b for (_, b), (_, outs) in self.batches.items()
+                if any(o.record in ids for _, o in outs)}  # fmt: skip
+
     def with_records(self, ids: set[int]) -> list[tuple[float, int]]:
         """(delivery time, records) of the batches holding any of `ids`."""
         return [(t, len(outs)) for t, outs in self.batches.values()
