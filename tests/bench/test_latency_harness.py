@@ -200,6 +200,45 @@ def test_a_line_being_written_waits_for_the_next_poll(tmp_path: Path) -> None:
     assert reader.calls == 1 and reader.delivered == {0: 5.0}
 
 
+class _Kinesis:
+    """put_records as Kinesis answers it when every record goes in."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[dict]] = []
+
+    def put_records(self, StreamName: str, Records: list[dict]) -> dict:  # noqa: N803
+        self.calls.append(Records)
+        return {"FailedRecordCount": 0, "Records": [{"SequenceNumber": "1"} for _ in Records]}
+
+
+def test_producer_puts_each_record_once_with_its_key_and_put_time() -> None:
+    kinesis = _Kinesis()
+    producer = latency_rig.Producer(kinesis, "s", keys=50, rng=random.Random(1))
+    assert producer.put(1_234) == list(range(1_234))
+    phase = producer.at_rate(400.0, 0.5)
+    assert 150 <= len(phase["ids"]) <= 200 and phase["ids"][0] == 1_234
+    assert phase["put_rate"] == pytest.approx(len(phase["ids"]) / 0.5, rel=0.2)
+    put = [e for call in kinesis.calls for e in call]
+    assert max(len(call) for call in kinesis.calls) == latency_rig.PUT_CHUNK
+    assert len(put) == len(producer.put_keys) == len(producer.put_at) == 1_234 + len(phase["ids"])
+    for entry in put:
+        body = json.loads(entry["Data"])
+        assert entry["PartitionKey"] == producer.put_keys[body["id"]]
+        assert body["put_ms"] == round(producer.put_at[body["id"]] * 1000)
+
+
+def test_producer_stops_when_asked() -> None:
+    producer = latency_rig.Producer(_Kinesis(), "s", keys=5, rng=random.Random(2))
+    asked: list[int] = []
+
+    def stop(ids: list[int]) -> bool:
+        asked.append(len(ids))
+        return len(asked) == 2
+
+    phase = producer.at_rate(100.0, 30.0, stop=stop)
+    assert len(asked) == 2 and phase["ended"] - phase["started"] < 5
+
+
 def test_batch_seconds_are_those_of_the_batches_asked_for_last_report_wins() -> None:
     progress = [
         {"batch": 3, "input_rows": 5, "duration_ms": {"triggerExecution": 1500}},
@@ -234,6 +273,7 @@ def test_quick_run_reports_every_figure(tmp_path: Path) -> None:
     for pct in ("25pct", "50pct", "75pct"):
         phase = out["phases"][pct]
         assert phase["records"] > 0 and phase["undelivered"] == 0
+        assert 0.8 * phase["target_rate"] <= phase["put_rate"] <= 1.05 * phase["target_rate"]
         assert 0 < phase["p50_ms"] <= phase["p99_ms"] <= phase["max_ms"]
         assert phase["batch_seconds"]["count"] > 0  # Spark's progress reports were heard
         assert out[f"p99_ms_at_{pct}"] == phase["p99_ms"]
