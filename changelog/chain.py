@@ -153,6 +153,7 @@ class Link:
     timers: tuple[int, ...] = ()  # of `slices`, those with timers pending after it
     snapshots: tuple[LinkSnapshot, ...] = ()  # of `slices`, taken before the batch
     sealed_by: str = ""  # a seal: who took the chain's slices over
+    at_ms: int = 0  # when it was committed (0: not recorded, links before it was)
 
     @property
     def sealed(self) -> bool:
@@ -208,6 +209,8 @@ def link_item(chain: str, link: Link, within: SliceRange) -> dict[str, dict[str,
         "n": {"N": str(link.length)},
         "sl": {"B": bitmap(link.slices, within)},
     }
+    if link.at_ms:
+        item["at"] = {"N": str(link.at_ms)}
     if link.timers:
         item["tp"] = {"B": bitmap(link.timers, within)}
     if link.snapshots:
@@ -243,6 +246,7 @@ def link_from_item(item: dict[str, Any], within: SliceRange) -> Link:
             slices=members(bytes(item["sl"]["B"]), within),
             timers=members(bytes(item["tp"]["B"]), within) if "tp" in item else (),
             snapshots=snapshots,
+            at_ms=int(item["at"]["N"]) if "at" in item else 0,
         )
     except (KeyError, ValueError, TypeError, msgpack.UnpackException) as exc:
         raise CorruptObjectError(f"{where}: unreadable ({exc!r})") from exc
@@ -359,4 +363,5 @@ def resolve(
     return replace(
         head, version=found[-1][0], query=last.query, batch=last.batch, log=tuple(placed),
         snaps=snaps, next_timer=TIMERS_UNKNOWN if pending else None, next_event_timer=None,
+        at_ms=last.at_ms or head.at_ms,
     )  # fmt: skip

@@ -51,6 +51,7 @@ def commit_link(
         tip.position + 1, query, batch, up.uid, index_length(up.body), len(up.body),
         tuple(slices), tuple(c.slice for c in commits if c.timers != (None, None)),
         tuple(link_snapshot(c.snapshot, c.slice) for c in commits if c.snapshot),
+        at_ms=int(time.time() * 1000),
     )  # fmt: skip
     item = {"Put": {"TableName": durable.loc.table,
                     "Item": link_item(tip.chain, link, tip.genesis.range),
@@ -66,9 +67,8 @@ def commit_link(
         raise PositionTakenError(
             f"{what} {slices}: the position holds {taken}", slices, found
         ) from exc
-    heads = {  # as a read through the chain gives them: the stored head's time (a link has none)
-        c.slice: durable.next_head(c, ref, query, batch, tip.genesis.group, up.uid,
-                                   c.expected.at_ms if c.expected else 0)
+    heads = {  # as a read through the chain gives them: the link's time
+        c.slice: durable.next_head(c, ref, query, batch, tip.genesis.group, up.uid, link.at_ms)
         for c, ref in zip(commits, up.refs, strict=True)
     }  # fmt: skip
     return CommitResult(up.uid, len(up.body), 1, heads, up.took(), tip.after(link))

@@ -89,6 +89,7 @@ def links(draw: st.DrawFn, within: SliceRange) -> Link:
         slices=slices,
         timers=tuple(sorted(draw(st.sets(st.sampled_from(slices))))) if slices else (),
         snapshots=snapshots,
+        at_ms=draw(st.integers(0, 2**45)),
     )
 
 

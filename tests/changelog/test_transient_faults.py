@@ -135,7 +135,8 @@ def test_a_wide_group_whose_first_transaction_fails_counts_each_record_once(
 
     loc = AppLocation.default(f"{location.app}-w")
     resources.ensure(loc, 256)
-    group = GroupRunner(HandlerFactory(count_handler), RuntimeConfig(loc, 256, str(tmp_path)))
+    cfg = RuntimeConfig(loc, 256, str(tmp_path), commit_format="heads")  # 3 commit transactions
+    group = GroupRunner(HandlerFactory(count_handler), cfg)
     keys = [f"user-{i % 3000}" for i in range(6000)]
 
     def batch(b: int) -> list[dict]:
@@ -157,6 +158,47 @@ def test_a_wide_group_whose_first_transaction_fails_counts_each_record_once(
     proxy.clear()
     rerun = batch(1)
     assert {o["key"]: o["n"] for o in rerun} == {k: 2 for k in keys[3000:]}
+    found = DurableState(loc).heads(list(range(256)))
+    assert all(h.version == 2 and h.batch == 1 for h in found.values())
+    assert durable_counts(loc, 256) == Counter(keys)
+
+
+def test_a_wide_takeover_whose_first_transaction_fails_counts_each_record_once(
+    location, tmp_path, proxy
+):
+    """With chains, a group's first batch takes its 256 slices over in three transactions.
+    The first fails for good while the other two land: nothing is committed, and when the
+    batch runs again it takes the rest over and commits once: every record counts once."""
+    from shardless.changelog import resources
+    from shardless.changelog.layout import AppLocation, slice_pk
+    from shardless.processor.api.handlers import HandlerFactory
+    from shardless.processor.runtime.group_runner import GroupRunner, RuntimeConfig
+    from shardless.processor.runtime.routing import route
+    from tests.processor.runtime.test_runtime import count_handler
+
+    loc = AppLocation.default(f"{location.app}-c")
+    resources.ensure(loc, 256)
+    cfg = RuntimeConfig(loc, 256, str(tmp_path), commit_format="chains")
+    group = GroupRunner(HandlerFactory(count_handler), cfg)
+    keys = [f"user-{i % 3000}" for i in range(6000)]
+
+    def batch(b: int) -> list[dict]:
+        pdf = frame(keys[b * 3000 : (b + 1) * 3000], b * 3000)
+        pdf["slice"] = [route(k, None, 256) for k in pdf.partition_key]
+        out, _ = group.run(0, "q", b, pdf, {}, 1_000)
+        return outputs(out)
+
+    first = min(route(k, None, 256) for k in keys)  # in the first of the three
+    rule = Rule("dynamodb", "TransactWriteItems", key_contains=f'"{slice_pk(first)}"', status=500)
+    proxy.add(rule)
+    with pytest.raises(Exception, match="InternalServerError"):
+        batch(0)
+    heads = DurableState(loc).heads(list(range(256)))
+    assert heads and first not in heads  # some slices were taken over, not the first's
+    assert not any(h.committed for h in heads.values())
+    proxy.clear()
+    batch(0)
+    assert {o["key"]: o["n"] for o in batch(1)} == {k: 2 for k in keys[3000:]}
     found = DurableState(loc).heads(list(range(256)))
     assert all(h.version == 2 and h.batch == 1 for h in found.values())
     assert durable_counts(loc, 256) == Counter(keys)

@@ -129,7 +129,7 @@ def test_a_handler_error_in_the_owner_reaches_the_worker_whole(location, owned):
     r = owned(handler=fails_on_seven)
     with pytest.raises(ProcessorError, match=r"s/shardId-0/\d+\.0 \(key 'user-7', slice \d+"):
         r.run(0, 0, frame(KEYS[:100]))
-    assert DurableState(location).heads(list(range(SLICES))) == {}
+    assert not any(h.committed for h in DurableState(location).heads(list(range(SLICES))).values())
     assert owner.pid(r.local_dir, r.app, 0) is not None  # the owner lives on
 
 
@@ -174,7 +174,7 @@ def test_an_owner_dying_twice_fails_the_call_and_commits_nothing_of_the_batch(lo
     r = owned(handler=always_dies)
     with pytest.raises(owner.OwnerError, match=r"group 0's owner process ended during batch 0 tw"):
         r.run(0, 0, frame(["user-5", "user-6"]))
-    assert DurableState(location).heads(list(range(SLICES))) == {}
+    assert not any(h.committed for h in DurableState(location).heads(list(range(SLICES))).values())
 
 
 def test_an_owner_exits_when_idle_and_when_its_watched_process_ends(location, tmp_path):
