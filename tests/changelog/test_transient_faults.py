@@ -6,6 +6,7 @@ failed is recognised when the batch runs again."""
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from botocore.retries.standard import ExponentialBackoff
@@ -119,34 +120,45 @@ def test_a_commit_applied_but_reported_failed_is_recognised_on_rerun(location, t
     )
 
 
-def test_a_wide_group_whose_first_transaction_fails_counts_each_record_once(
-    location, tmp_path, proxy
-):
-    """A group of 256 slices commits in three transactions, sent together. The first one
-    fails for good while the other two land; the batch fails, and when it runs again the
-    slices that landed find their own commit and re-commit in place: every record counts
-    once, against a plain fold of the input."""
+WIDE_KEYS = [f"user-{i % 3000}" for i in range(6000)]
+
+
+def wide_group(location, tmp_path: Path, commit_format: str):  # noqa: ANN001, ANN201
+    """One group of 256 slices, its application, and `batch(b)` running input batch `b`
+    (3,000 records over 3,000 keys) through it, returning the outputs."""
     from shardless.changelog import resources
-    from shardless.changelog.layout import AppLocation, slice_pk
+    from shardless.changelog.layout import AppLocation
     from shardless.processor.api.handlers import HandlerFactory
     from shardless.processor.runtime.group_runner import GroupRunner, RuntimeConfig
     from shardless.processor.runtime.routing import route
     from tests.processor.runtime.test_runtime import count_handler
 
-    loc = AppLocation.default(f"{location.app}-w")
+    loc = AppLocation.default(f"{location.app}-{commit_format}")
     resources.ensure(loc, 256)
-    cfg = RuntimeConfig(loc, 256, str(tmp_path), commit_format="heads")  # 3 commit transactions
+    cfg = RuntimeConfig(loc, 256, str(tmp_path), commit_format=commit_format)
     group = GroupRunner(HandlerFactory(count_handler), cfg)
-    keys = [f"user-{i % 3000}" for i in range(6000)]
 
     def batch(b: int) -> list[dict]:
-        pdf = frame(keys[b * 3000 : (b + 1) * 3000], b * 3000)
+        pdf = frame(WIDE_KEYS[b * 3000 : (b + 1) * 3000], b * 3000)
         pdf["slice"] = [route(k, None, 256) for k in pdf.partition_key]
         out, _ = group.run(0, "q", b, pdf, {}, 1_000)
         return outputs(out)
 
+    first = min(route(k, None, 256) for k in WIDE_KEYS)  # in the first of three transactions
+    return loc, batch, first
+
+
+def test_a_wide_group_whose_first_transaction_fails_counts_each_record_once(
+    location, tmp_path, proxy
+):
+    """A group of 256 slices commits in three transactions, sent together (heads). The
+    first one fails for good while the other two land; the batch fails, and when it runs
+    again the slices that landed find their own commit and re-commit in place: every
+    record counts once, against a plain fold of the input."""
+    from shardless.changelog.layout import slice_pk
+
+    loc, batch, first = wide_group(location, tmp_path, "heads")
     batch(0)
-    first = min(route(k, None, 256) for k in keys)  # in the first of the three
     rule = Rule("dynamodb", "TransactWriteItems", key_contains=f'"{slice_pk(first)}"', status=500)
     proxy.add(rule)
     with pytest.raises(Exception, match="InternalServerError") as failed:
@@ -157,10 +169,10 @@ def test_a_wide_group_whose_first_transaction_fails_counts_each_record_once(
     assert heads[first].version == 1
     proxy.clear()
     rerun = batch(1)
-    assert {o["key"]: o["n"] for o in rerun} == {k: 2 for k in keys[3000:]}
+    assert {o["key"]: o["n"] for o in rerun} == {k: 2 for k in WIDE_KEYS[3000:]}
     found = DurableState(loc).heads(list(range(256)))
     assert all(h.version == 2 and h.batch == 1 for h in found.values())
-    assert durable_counts(loc, 256) == Counter(keys)
+    assert durable_counts(loc, 256) == Counter(WIDE_KEYS)
 
 
 def test_a_wide_takeover_whose_first_transaction_fails_counts_each_record_once(
@@ -169,26 +181,9 @@ def test_a_wide_takeover_whose_first_transaction_fails_counts_each_record_once(
     """With chains, a group's first batch takes its 256 slices over in three transactions.
     The first fails for good while the other two land: nothing is committed, and when the
     batch runs again it takes the rest over and commits once: every record counts once."""
-    from shardless.changelog import resources
-    from shardless.changelog.layout import AppLocation, slice_pk
-    from shardless.processor.api.handlers import HandlerFactory
-    from shardless.processor.runtime.group_runner import GroupRunner, RuntimeConfig
-    from shardless.processor.runtime.routing import route
-    from tests.processor.runtime.test_runtime import count_handler
+    from shardless.changelog.layout import slice_pk
 
-    loc = AppLocation.default(f"{location.app}-c")
-    resources.ensure(loc, 256)
-    cfg = RuntimeConfig(loc, 256, str(tmp_path), commit_format="chains")
-    group = GroupRunner(HandlerFactory(count_handler), cfg)
-    keys = [f"user-{i % 3000}" for i in range(6000)]
-
-    def batch(b: int) -> list[dict]:
-        pdf = frame(keys[b * 3000 : (b + 1) * 3000], b * 3000)
-        pdf["slice"] = [route(k, None, 256) for k in pdf.partition_key]
-        out, _ = group.run(0, "q", b, pdf, {}, 1_000)
-        return outputs(out)
-
-    first = min(route(k, None, 256) for k in keys)  # in the first of the three
+    loc, batch, first = wide_group(location, tmp_path, "chains")
     rule = Rule("dynamodb", "TransactWriteItems", key_contains=f'"{slice_pk(first)}"', status=500)
     proxy.add(rule)
     with pytest.raises(Exception, match="InternalServerError"):
@@ -198,7 +193,7 @@ def test_a_wide_takeover_whose_first_transaction_fails_counts_each_record_once(
     assert not any(h.committed for h in heads.values())
     proxy.clear()
     batch(0)
-    assert {o["key"]: o["n"] for o in batch(1)} == {k: 2 for k in keys[3000:]}
+    assert {o["key"]: o["n"] for o in batch(1)} == {k: 2 for k in WIDE_KEYS[3000:]}
     found = DurableState(loc).heads(list(range(256)))
     assert all(h.version == 2 and h.batch == 1 for h in found.values())
-    assert durable_counts(loc, 256) == Counter(keys)
+    assert durable_counts(loc, 256) == Counter(WIDE_KEYS)
