@@ -11,8 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from shardless.changelog import verify
+from shardless.changelog.chain_reads import all_chains
+from shardless.changelog.chain_writes import find_tip
 from shardless.changelog.durable import DurableState
 from shardless.changelog.inspect import StateQueryError, entries, jsonable, keys_of, opened
+from shardless.changelog.layout import AppLocation
 from shardless.changelog.restore import materialize
 from shardless.processor.runtime.routing import route
 from shardless.processor.tools import export as state_export
@@ -92,13 +95,46 @@ def ls_command(args: argparse.Namespace) -> int:
     committed_n = sum(1 for r in rows if r["version"])
     total = sum(r["size_bytes"] for r in rows)
     lines.append(f"{committed_n} of {slices} slices committed, {total / 1e6:.1f} MB")
+    chains = chain_rows(loc, rows)
+    for c in chains:
+        lines.append(
+            f"chain {c['chain']}: query {c['query']} group {c['group']} slices {c['first']}-"
+            f"{c['last']}, {c['positions']} positions{', sealed' if c['sealed'] else ''}, "
+            f"named by {c['heads']} heads"
+        )
     lines.append("running: " + "; ".join(running) if running else "not running")
     show(
         args,
-        {"app": loc.app, "slices": slices, "running": running, "heads": rows},
+        {"app": loc.app, "slices": slices, "running": running, "heads": rows, "chains": chains},
         lines,
     )
     return 0
+
+
+def chain_rows(loc: AppLocation, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every group chain of the application: who writes it, how long it is, whether it is
+    sealed, and how many heads name it (none and sealed: gc deletes it)."""
+    named: dict[str, int] = {}
+    for r in rows:
+        if r["chain"]:
+            named[r["chain"]] = named.get(r["chain"], 0) + 1
+    out = []
+    for g in all_chains(loc):
+        tip = find_tip(loc, g)
+        out.append(
+            {
+                "chain": g.chain,
+                "query": g.query,
+                "group": g.group,
+                "first": g.range.first,
+                "last": g.range.first + g.range.count - 1,
+                "positions": tip.position - tip.sealed,
+                "sealed": tip.sealed,
+                "heads": named.get(g.chain, 0),
+                "created_at": g.created_ms / 1000,
+            }
+        )
+    return out
 
 
 # ---- get / scan -----------------------------------------------------------------------------

@@ -59,7 +59,7 @@ def test_the_state_tools_read_a_state_committed_through_group_chains(location, t
 
     from shardless.processor.runtime.routing import route
 
-    r = runner(location, tmp_path, snapshot_every=2, commit_format="chains")
+    r = runner(location, tmp_path, snapshot_every=2, commit_format="chains", chain_length=2)
     fed: Counter = Counter()
     for b in range(6):
         keys = KEYS[b * 50 : (b + 1) * 50] + ["user-1"] * 3
@@ -69,6 +69,15 @@ def test_the_state_tools_read_a_state_committed_through_group_chains(location, t
     committed = [h for h in json.loads(out)["heads"] if h["version"]]
     assert code == 0 and committed
     assert all(h["chain"] and h["chain_from"] >= 1 for h in committed)
+    # 6 batches, chains rolled over every 2 positions: 3 chains, the older two sealed, and
+    # every slice moved to the newest (each batch touches all 16)
+    chains = json.loads(out)["chains"]
+    assert [(c["positions"], c["sealed"]) for c in chains] == [(2, True), (2, True), (2, False)]
+    assert [c["heads"] for c in chains] == [0, 0, len(committed)]
+    code, text = run_cli(capsys, "state", "ls", "--app", location.app)
+    assert (
+        f"chain {chains[-1]['chain']}: query q group 0 slices 0-15, 2 positions, named by" in text
+    )
     hot = route("user-1", None, 16)
     assert next(h for h in committed if h["slice"] == hot)["version"] == 6
     code, out = run_cli(capsys, "state", "verify", "--app", location.app, "--rebuild", "--json")
