@@ -297,6 +297,14 @@ class Attempt:
                 "older than the state"
             )
         reruns = {s for s, _, rerun in self.plans if rerun}
+        if reruns and self.known and reruns - set(self.known):
+            # another attempt committed this batch after what this host remembers: the
+            # heads it knows may miss that commit too, so none of them can be trusted
+            raise StaleHeads(
+                f"group {self.group}: batch {self.batch} was committed by another attempt "
+                f"(slices {sorted(reruns - set(self.known))}) after the heads this host "
+                "remembers; reading them afresh"
+            )
         if reruns:
             self.commits, self.deltas, uid = adopt(
                 self.durable, reruns, self.commits, self.heads, self.stores

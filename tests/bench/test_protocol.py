@@ -144,6 +144,12 @@ def test_a_seeded_slice_of_head_commits_has_no_violations(aws):
                  ["run", 0, 1, 1], ["run", 0, 0, 2], ["record", 0], ["run", 0, 1, 1],
                  ["run", 0, 0, 2], ["record", 0], ["run", 0, 1, 2], ["gc", True],
                  ["gc", True]]),
+        # a re-run of a batch another worker had committed trusted this worker's memory
+        # of a slice that commit had changed; it remembered the stale version, and its
+        # twin of the next batch, changing nothing, released outputs computed on it
+        (23, 444, [["start", 3], ["run", 0, 2, 2], ["run", 0, 0, 2], ["run", 0, 1, 1],
+                   ["record", 0], ["run", 0, 1, 1], ["run", 0, 2, 1], ["run", 0, 0, 0],
+                   ["run", 0, 0, 2], ["record", 0], ["twin", 0, 0, 2, 0]]),
     ],
 )  # fmt: skip
 def test_the_violations_found_on_the_chain_path_replay_clean(aws, seed, run, steps):
