@@ -37,8 +37,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
-
 from shardless.processor.local import emulators as local_aws
 from shardless.processor.local.faults import runner
 from shardless.processor.local.faults.fault_proxy import FaultProxy
@@ -69,13 +67,7 @@ def run_harness(
     summary so far is written there after every schedule (a long run cut short keeps its
     results)."""
     started = time.monotonic()
-    kinesis = boto3.session.Session().client(
-        "kinesis",
-        endpoint_url=aws.kinesis_endpoint,
-        region_name=local_aws.REGION,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
+    kinesis = aws.kinesis_client()
     outcomes: list[Outcome] = []
     with (
         _aws_env(aws),

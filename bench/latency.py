@@ -38,8 +38,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import boto3
-
 from bench import latency_app
 from bench.latency_rig import MASTER, TRIGGER_S, Deliveries, Job, Producer, read_progress
 from bench.latency_stats import (
@@ -202,13 +200,7 @@ def run(plan: Plan, aws: local_aws.LocalAws, work: Path, seed: int = 7) -> dict[
     """The whole benchmark against running emulators; the JSON summary."""
     started = time.monotonic()
     app = f"latency-{uuid.uuid4().hex[:8]}"
-    kinesis = boto3.session.Session().client(
-        "kinesis",
-        endpoint_url=aws.kinesis_endpoint,
-        region_name=local_aws.REGION,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
+    kinesis = aws.kinesis_client()
     create_stream(kinesis, app, plan.shards)
     producer = Producer(kinesis, app, plan.keys, random.Random(seed))
     deliveries = Deliveries(work / latency_app.DELIVERIES)

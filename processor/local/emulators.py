@@ -22,6 +22,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import boto3
 from botocore.config import Config
@@ -77,6 +78,16 @@ class LocalAws:
             "AWS_DEFAULT_REGION": REGION,
             "AWS_REGION": REGION,
         }
+
+    def kinesis_client(self) -> Any:
+        """A boto3 Kinesis client straight to the emulator (not through any proxy)."""
+        return boto3.session.Session().client(
+            "kinesis",
+            endpoint_url=self.kinesis_endpoint,
+            region_name=REGION,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
 
     def apply_env(self) -> None:
         """Point this process (and children started afterwards) at the emulators."""
