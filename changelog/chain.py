@@ -2,7 +2,7 @@
 per batch in which the group changed something (docs/design/group-commits.md).
 
     pk="chain#<id>"  sk="genesis"          query, partitions, group, first, count, created,
-                                           keep (snapshots a head keeps)
+                                           keep (snapshots a head keeps)[, dead (gc's mark)]
     pk="chain#<id>"  sk="<position:012d>"  q, b, u, hl, n, sl, tp[, ss] (a link)
                                            or seal (nothing may follow)
 
@@ -38,6 +38,7 @@ from shardless.changelog.layout import (
 from shardless.changelog.segment import SectionRef
 
 GENESIS_SK = "genesis"
+DEAD = "dead"  # gc marks a chain's genesis before it deletes the chain: nothing lands in it
 _POSITION_DIGITS = 12
 
 
@@ -100,6 +101,7 @@ class Genesis:
     range: SliceRange
     created_ms: int
     keep_snapshots: int = 3  # how many snapshots a slice's head keeps (`next_history`)
+    dead: bool = False  # gc marked it before deleting it (not written with the genesis)
 
 
 @dataclass(frozen=True)
@@ -185,6 +187,7 @@ def genesis_from_item(item: dict[str, Any]) -> Genesis:
             range=SliceRange(int(item["first"]["N"]), int(item["count"]["N"])),
             created_ms=int(item["created"]["N"]),
             keep_snapshots=int(item["keep"]["N"]),
+            dead=DEAD in item,
         )
     except (KeyError, ValueError) as exc:
         raise CorruptObjectError(f"{where}: unreadable ({exc!r})") from exc

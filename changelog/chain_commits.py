@@ -1,9 +1,10 @@
 """Commits through group chains: a group's batch as one link, and the takeover that makes a
 chain commit a slice (docs/design/group-commits.md).
 
-One link per group and batch, in one transaction with the query's fence check, whatever
-the group's slice count: 2 write units for the link (under 1 KB) and 2 read units for the
-check. A slice's head is written only when a chain takes it over.
+One link per group and batch, in one transaction with the query's fence check and the
+check that gc has not marked the chain dead, whatever the group's slice count: 2 write
+units for the link (under 1 KB) and 2 read units for each check. A slice's head is written
+only when a chain takes it over.
 """
 
 from __future__ import annotations
@@ -11,12 +12,20 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from shardless.changelog.chain import Link, chain_pk, link_item, link_snapshot, position_sk
+from shardless.changelog.chain import (
+    DEAD,
+    GENESIS_SK,
+    Link,
+    chain_pk,
+    link_item,
+    link_snapshot,
+    position_sk,
+)
 from shardless.changelog.chain_writes import ChainTip, read_link
 from shardless.changelog.durable import CommitResult, DurableState, SliceCommit
 from shardless.changelog.layout import Head, encode_log, head_condition, head_item, new_uid
 from shardless.changelog.segment import index_length
-from shardless.changelog.transactions import Guard, HeadConflictError
+from shardless.changelog.transactions import Guard, GuardFailedError, HeadConflictError
 
 
 class PositionTakenError(HeadConflictError):
@@ -38,7 +47,7 @@ def commit_link(
 ) -> CommitResult:
     """Persist the changes of a group's slices as one link at the next position of the
     group's chain: one S3 segment, then one transaction of the link (on that position
-    being free) and the query's fence check, whatever the slice count. The heads
+    being free, the chain alive) and the query's fence check, whatever the slice count. The heads
     returned are the slices' heads as read through the chain after the link (nothing
     is written to them). Raises PositionTakenError naming what holds the position.
     `uploads_since` as in `commit`."""
@@ -58,11 +67,16 @@ def commit_link(
                     "ConditionExpression": "attribute_not_exists(pk)"}}  # fmt: skip
     what = f"batch {batch}: link {link.position} of chain {tip.chain} for slices"
     try:
-        durable.send([item], [slices[0]], what, f"{up.uid}-0", query, up.deadline, up.since_ms)
+        durable.send(
+            [item], [slices[0]], what, f"{up.uid}-0", query, up.deadline, up.since_ms,
+            (alive(durable.loc.table, tip),),
+        )  # fmt: skip
     except HeadConflictError as exc:
         found = read_link(durable.loc, tip.genesis, link.position)
         taken = "a seal" if found and found.sealed else (
-            f"batch {found.batch} of query {found.query}" if found else "nothing now"
+            f"batch {found.batch} of query {found.query}" if found else
+            "nothing, and gc deleted the chain" if isinstance(exc, GuardFailedError) else
+            "nothing now"
         )  # fmt: skip
         raise PositionTakenError(
             f"{what} {slices}: the position holds {taken}", slices, found
@@ -99,8 +113,10 @@ def take_over(
                      **head_condition(head)}}
         )  # fmt: skip
     if items:
-        guard = free_after(durable.loc.table, tip)
-        durable.transact(items, sorted(taken), "takeover of slices", new_uid(), query, guard=guard)
+        guards = (free_after(durable.loc.table, tip), alive(durable.loc.table, tip))
+        durable.transact(
+            items, sorted(taken), "takeover of slices", new_uid(), query, guards=guards
+        )
     return taken
 
 
@@ -113,4 +129,19 @@ def free_after(table: str, tip: ChainTip) -> Guard:
                             "ConditionExpression": "attribute_not_exists(pk)"}},
         f"chain {tip.chain} moved past position {tip.position} (sealed, or another attempt "
         "committed there): nothing is taken over",
+    )  # fmt: skip
+
+
+def alive(table: str, tip: ChainTip) -> Guard:
+    """A check that `tip`'s chain is still there and not marked dead: gc marks a sealed
+    chain no head names before deleting it, and once its seal is deleted the position
+    after an old tip is free again, so `free_after` alone no longer stops a writer that
+    remembers that tip."""
+    key = {"pk": {"S": chain_pk(tip.chain)}, "sk": {"S": GENESIS_SK}}
+    return Guard(
+        {"ConditionCheck": {"TableName": table, "Key": key,
+                            "ConditionExpression": "attribute_exists(pk) AND "
+                                                   "attribute_not_exists(#dead)",
+                            "ExpressionAttributeNames": {"#dead": DEAD}}},
+        f"chain {tip.chain} was deleted by gc (no head named it): nothing lands in it",
     )  # fmt: skip

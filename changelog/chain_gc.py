@@ -9,16 +9,22 @@ sealed by gc once it has gone unnamed for the grace period; a later collection d
 
 Deleted: a chain that was sealed before gc read the heads, that no head named then, and
 that an earlier collection already found unnamed at least `grace_s` ago (a reader that
-resolved a head through it before it moved has that long to finish). Its links go first,
+resolved a head through it before it moved has that long to finish). Its genesis is first
+marked dead: a seal stops a writer only while it is there, and a writer that remembers an
+old tip would find the position after it free again once the links are gone, so every link
+and takeover also checks the genesis alive (`chain_commits.alive`). Then its links go,
 its genesis last, so a collection cut short lists it again.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
+from botocore.exceptions import ClientError
+
 from shardless.changelog import aws
-from shardless.changelog.chain import chain_pk
+from shardless.changelog.chain import DEAD, GENESIS_SK, chain_pk
 from shardless.changelog.chain_reads import all_chains
 from shardless.changelog.chain_writes import find_tip, seal
 from shardless.changelog.errors import ChangelogError
@@ -40,8 +46,9 @@ class ChainVerdicts:
 
 
 def sealed_chains(loc: AppLocation) -> dict[str, bool]:
-    """Every chain of the application and whether it is sealed; read before the heads."""
-    return {g.chain: find_tip(loc, g).sealed for g in all_chains(loc)}
+    """Every chain of the application and whether it is sealed (or marked dead by a
+    collection cut short); read before the heads."""
+    return {g.chain: g.dead or find_tip(loc, g).sealed for g in all_chains(loc)}
 
 
 def judge(
@@ -71,8 +78,22 @@ def seal_unnamed(loc: AppLocation, chains: list[str]) -> None:
 
 
 def delete_chain(loc: AppLocation, chain: str) -> int:
-    """Delete every item of `chain`, links first and its genesis last; returns how many."""
+    """Delete every item of `chain`: its genesis marked dead first, then its links, then
+    the genesis; returns how many items went."""
     ddb = aws.client("dynamodb")
+    try:
+        ddb.update_item(
+            TableName=loc.table,
+            Key={"pk": {"S": chain_pk(chain)}, "sk": {"S": GENESIS_SK}},
+            UpdateExpression="SET #dead = :now",
+            ConditionExpression="attribute_exists(pk)",
+            ExpressionAttributeNames={"#dead": DEAD},
+            ExpressionAttributeValues={":now": {"N": str(int(time.time() * 1000))}},
+        )
+    except ClientError as exc:
+        if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
+            raise
+        return 0  # gone already: its genesis goes last
     keys: list[dict] = []
     request = {
         "TableName": loc.table,

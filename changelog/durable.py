@@ -61,6 +61,7 @@ from shardless.changelog.segment import SectionRef, decode_section, encode_segme
 from shardless.changelog.transactions import (
     NOT_LOST,
     Guard,
+    GuardFailedError,
     HeadConflictError,
     cancellation_reasons,
     combined_failure,
@@ -76,6 +77,7 @@ _CONFLICT_ATTEMPTS = 4  # a transaction cancelled only by another one in flight 
 # a transaction cancelled because DynamoDB throttled one of its items is retried after a
 # jittered, growing pause, this many times, then reported as throttled (not as lost)
 _THROTTLED_ATTEMPTS = 8
+_SEAL_ROUNDS = 8  # heads read again that name yet another chain: seal that one too
 # A group of more than 100 changed slices commits in several transactions, sent at once
 # (at most this many together): its commit waits about one round trip instead of one each.
 TRANSACTION_THREADS = 8
@@ -313,22 +315,22 @@ class DurableState:
         query: str | None = None,
         deadline: float = math.inf,
         since_ms: int | None = None,
-        guard: Guard | None = None,
+        guards: tuple[Guard, ...] = (),
     ) -> int:
         """Write `items` (one per slice of `slices`) in as few transactions as DynamoDB
         allows, sent at once (up to `TRANSACTION_THREADS`); returns how many. With `query`,
         each transaction also checks that the query is not fenced (and, with `since_ms`,
-        that gc's horizon is older than the uploads it references); with `guard`, each
-        checks its condition too. A transaction cancelled because a head changed (or the
+        that gc's horizon is older than the uploads it references); with `guards`, each
+        checks their conditions too. A transaction cancelled because a head changed (or a
         guard failed) raises HeadConflictError naming the slices that lost; one cancelled
         only because another transaction held an item, or because DynamoDB throttled it, is
         retried. The others land or lose on their own: each head's condition is its own."""
         sizes = [item_bytes(next(iter(item.values()))) for item in items]
-        chunks = transaction_chunks(sizes, checks=int(guard is not None))
+        chunks = transaction_chunks(sizes, checks=len(guards))
 
         def send(lo: int, hi: int) -> None:
             self.send(
-                items[lo:hi], slices[lo:hi], what, f"{uid}-{lo}", query, deadline, since_ms, guard
+                items[lo:hi], slices[lo:hi], what, f"{uid}-{lo}", query, deadline, since_ms, guards
             )
 
         if len(chunks) == 1 or TRANSACTION_THREADS <= 1:
@@ -352,13 +354,14 @@ class DurableState:
         query: str | None,
         deadline: float = math.inf,
         since_ms: int | None = None,
-        guard: Guard | None = None,
+        guards: tuple[Guard, ...] = (),
     ) -> None:
         """One transaction; retried while it is cancelled only by another in flight or by
         throttling. Raises QueryFencedError when `query` is fenced, CommitTooLateError when
         gc's horizon passed its uploads, ThrottledError when DynamoDB kept throttling it,
-        HeadConflictError naming the slices that lost (all of them when `guard` failed)."""
-        checks = [guard.item] if guard is not None else []
+        HeadConflictError naming the slices that lost (GuardFailedError, naming all of them,
+        when one of `guards` failed)."""
+        checks = [g.item for g in guards]
         if query is not None:
             checks.append(fence.check_item(self.loc, query, since_ms))
         sent = items + checks
@@ -382,8 +385,9 @@ class DurableState:
                 reasons = cancellation_reasons(exc, len(sent))
                 if query is not None and reasons[-1] == "ConditionalCheckFailed":
                     raise fence.refusal(self.loc, query, f"{what} {slices}", since_ms) from exc
-                if guard is not None and reasons[len(items)] == "ConditionalCheckFailed":
-                    raise HeadConflictError(f"{what} {slices}: {guard.failed}", slices) from exc
+                for i, g in enumerate(guards):
+                    if reasons[len(items) + i] == "ConditionalCheckFailed":
+                        raise GuardFailedError(f"{what} {slices}: {g.failed}", slices) from exc
                 heads = reasons[: len(items)]
                 lost = [s for s, r in zip(slices, heads, strict=True) if r not in NOT_LOST]
                 if not lost and "ThrottlingError" in reasons:
@@ -446,10 +450,32 @@ class DurableState:
         self, heads: dict[int, Head | None], owner: str, keep: str = ""
     ) -> dict[int, Head]:
         """Seal the chains `heads` name (all but `keep`), so nothing more lands there
-        unseen, and read those heads again: their versions are final."""
+        unseen, and read those heads again: their versions are final. A head read again
+        may name a chain another writer took it into meanwhile: that one is sealed too,
+        and so on until every head read names a sealed chain. HeadConflictError names the
+        slices another writer took into `keep` meanwhile."""
         named = [s for s, h in heads.items() if h is not None and h.chain and h.chain != keep]
         if not named:
             return {}
-        for chain in sorted({heads[s].chain for s in named}):  # type: ignore[union-attr]
-            seal(self.loc, chain, owner)
-        return self.heads(sorted(named))
+        current: dict[int, Head | None] = dict(heads)
+        done: set[str] = set()
+        for _ in range(_SEAL_ROUNDS):
+            chains = {current[s].chain for s in named} - done  # type: ignore[union-attr]
+            if not chains:
+                return {s: current[s] for s in named}  # type: ignore[misc]
+            for chain in sorted(chains):
+                seal(self.loc, chain, owner)
+            done |= chains
+            current.update(self.heads(named))
+            into_keep = [s for s in named if current[s].chain == keep]  # type: ignore[union-attr]
+            if into_keep:
+                raise HeadConflictError(
+                    f"heads of slices {into_keep} were taken into chain {keep} by another "
+                    "writer meanwhile; this attempt's output is discarded",
+                    into_keep,
+                )
+        raise HeadConflictError(
+            f"heads of slices {sorted(named)} kept moving to other chains while their chains "
+            f"were sealed ({_SEAL_ROUNDS} rounds): another writer keeps taking them over",
+            named,
+        )

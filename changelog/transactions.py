@@ -30,6 +30,11 @@ class HeadConflictError(CommitConflictError):
         self.slices = slices
 
 
+class GuardFailedError(HeadConflictError):
+    """A condition check a write carried besides its heads' (a `Guard`) failed: every
+    slice of the transaction lost."""
+
+
 @dataclass(frozen=True)
 class Guard:
     """A condition check every transaction of a write carries besides the heads' own

@@ -32,6 +32,7 @@ from shardless.changelog.history import snapshot_due
 from shardless.changelog.layout import Head, SnapRef, new_uid
 from shardless.changelog.pack import Due, upload_pack
 from shardless.changelog.snapshot import snapshot_pool
+from shardless.changelog.transactions import GuardFailedError
 from shardless.changelog.transfer_process import transfer_process
 from shardless.processor.api.handlers import HandlerFactory, handler_for
 from shardless.processor.errors import ProcessorError
@@ -149,6 +150,7 @@ class Attempt:
     def join_chain(self, trust_known: bool) -> None:
         """The group's chain (`group_chain`), and the batch's slices taken over into it."""
         tip = self.cache.known_tip(self.group, self.query, self.batch) if trust_known else None
+        remembered = tip is not None
         if tip is None:
             tip = find_chain(self.durable, self.cfg, self.group, self.query, self.heads)
             if tip.position:  # read again, after the tip: a commit at tip + 1 is then
@@ -159,7 +161,9 @@ class Attempt:
         try:
             taken = join(self.durable, tip, self.heads, self.slices, self.cache.owner, self.query)
         except HeadConflictError as exc:
-            if set(exc.slices) & set(self.known):
+            if set(exc.slices) & set(self.known) or (
+                remembered and isinstance(exc, GuardFailedError)
+            ):  # the chain this host remembers moved on, or is gone: read afresh
                 raise StaleHeads(str(exc)) from exc
             raise
         self.heads.update(taken)

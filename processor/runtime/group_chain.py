@@ -70,7 +70,7 @@ def find_chain(
     mine = wanted(cfg, group, query)
     for chain in sorted({h.chain for h in heads.values() if h is not None and h.chain}):
         g = read_genesis(durable.loc, chain)
-        if (g.query, g.partitions, g.group, g.range, g.keep_snapshots) == mine:
+        if not g.dead and (g.query, g.partitions, g.group, g.range, g.keep_snapshots) == mine:
             tip = find_tip(durable.loc, g)
             if not tip.sealed:
                 return tip

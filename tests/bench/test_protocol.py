@@ -150,6 +150,22 @@ def test_a_seeded_slice_of_head_commits_has_no_violations(aws):
         (23, 444, [["start", 3], ["run", 0, 2, 2], ["run", 0, 0, 2], ["run", 0, 1, 1],
                    ["record", 0], ["run", 0, 1, 1], ["run", 0, 2, 1], ["run", 0, 0, 0],
                    ["run", 0, 0, 2], ["record", 0], ["twin", 0, 0, 2, 0]]),
+        # gc sealed and then deleted a chain no head named, seal included; a worker that
+        # remembered its tip (its directory moved) took slices over into it, since the
+        # position after that tip was free again (gc now marks the genesis dead first)
+        (23, 607, [["start", 3], ["run", 0, 2, 0], ["run", 0, 1, 2], ["gc", True],
+                   ["run", 0, 0, 2], ["move", 0, 1], ["gc", True], ["record", 0],
+                   ["gc", True], ["run", 0, 2, 1]]),
+        (23, 713, [["start", 4], ["start", 2], ["run", 1, 1, 1], ["run", 1, 0, 2],
+                   ["gc", True], ["gc", True], ["record", 1], ["gc", True],
+                   ["run", 1, 0, 2]]),
+        # a twin's takeover sealed the chain its remembered head named, read the head again
+        # and took it from the chain another worker had moved it to, unsealed; that worker
+        # appended the slice's next version there, where no head will read it
+        (23, 700, [["start", 2], ["run", 0, 1, 2], ["run", 0, 0, 1], ["record", 0],
+                   ["run", 0, 0, 2], ["run", 0, 1, 1], ["record", 0], ["run", 0, 1, 2],
+                   ["run", 0, 0, 1], ["run", 0, 1, 1], ["record", 0], ["run", 0, 0, 1],
+                   ["twin", 0, 1, 2, 1], ["record", 0]]),
     ],
 )  # fmt: skip
 def test_the_violations_found_on_the_chain_path_replay_clean(aws, seed, run, steps):

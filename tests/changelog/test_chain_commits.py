@@ -13,11 +13,13 @@ from bench.billing import Requests
 from shardless.changelog import fence
 from shardless.changelog.chain import SliceRange
 from shardless.changelog.chain_commits import PositionTakenError, commit_link, take_over
+from shardless.changelog.chain_gc import delete_chain
 from shardless.changelog.chain_writes import create_chain, find_tip, seal
 from shardless.changelog.durable import DurableState, SliceCommit
 from shardless.changelog.errors import CommitConflictError
 from shardless.changelog.fence import QueryFencedError
 from shardless.changelog.restore import materialize
+from shardless.changelog.transactions import GuardFailedError
 from tests.changelog.folds import fold
 
 SLICES = 16
@@ -149,6 +151,39 @@ def test_a_takeover_into_a_chain_sealed_since_its_tip_was_read_names_no_slice(lo
     with pytest.raises(CommitConflictError, match=f"chain {tip.chain} moved past position 0"):
         take_over(durable, {2: heads.get(2), 3: heads.get(3)}, tip, "zombie:1", "q1")
     assert durable.heads([2, 3]) == heads  # nothing was written
+
+
+def test_a_takeover_seals_the_chain_a_stale_head_moved_to_before_taking_it(location) -> None:
+    """A host remembers slice 7 in chain A; another writer took it into chain B since. The
+    takeover into C reads 7 again after sealing A and finds B: it must seal B too, or B's
+    writer, trusting its own memory of 7, appends a version no head will ever name."""
+    durable = DurableState(location)
+    fence.join(location, "q1")
+    a = create_chain(location, "q1", 1, 0, ALL)
+    a, remembered = run_batches(durable, a, "q1", [{7: {b"k": b"1"}}])
+    b = create_chain(location, "q1", 1, 0, ALL)
+    in_b = take_over(durable, durable.heads([7]), b, "host:b", "q1")
+    c = create_chain(location, "q1", 1, 0, ALL)
+    taken = take_over(durable, {7: remembered[7]}, c, "host:c", "q1")
+    assert taken[7].chain == c.chain and find_tip(location, b.genesis).sealed
+    with pytest.raises(PositionTakenError, match="position holds a seal"):
+        commit_link(durable, "q1", 1, b, batch_commits(durable, in_b, {7: {b"k": b"2"}}))
+
+
+def test_a_writer_remembering_a_tip_of_a_chain_gc_deleted_lands_nothing(location) -> None:
+    """gc deletes a sealed chain, seal included, so the position after an old tip is free
+    again: a takeover or a link from a host that remembers that tip must still fail."""
+    durable = DurableState(location)
+    fence.join(location, "q1")
+    tip = create_chain(location, "q1", 1, 0, ALL)  # never named: gc seals it, then deletes it
+    seal(location, tip.chain, "gc")
+    assert delete_chain(location, tip.chain) == 2
+    with pytest.raises(GuardFailedError, match=f"chain {tip.chain} was deleted by gc"):
+        take_over(durable, {3: None}, tip, "zombie:1", "q1")
+    assert durable.heads([3]) == {}
+    with pytest.raises(PositionTakenError, match="gc deleted the chain"):
+        commit_link(durable, "q1", 0, tip, batch_commits(durable, {}, {3: {b"a": b"1"}}))
+    assert find_tip(location, tip.genesis).position == 0
 
 
 def test_sealing_is_idempotent_and_moves_past_a_link_that_landed_first(location) -> None:

@@ -261,3 +261,35 @@ def test_gc_keeps_a_chain_a_head_names_and_seals_a_never_named_one_before_deleti
     assert third.chains_deleted == [orphan.chain] and third.chain_items_deleted == 2
     assert chain_ids(location) == sorted([old.chain, new.chain])  # slice 2 names `old`
     assert read_state(durable, 2, tmp_path / "two") == {b"b": b"2"}
+    # the seal is gone with the chain: the position after the dead attempt's tip is free,
+    # and only the genesis check still stops it
+    with pytest.raises(CommitConflictError, match=f"chain {orphan.chain} was deleted by gc"):
+        take_over(durable, {3: None}, orphan, "zombie:1", "q1")
+    assert durable.heads([3]) == {}
+
+
+def test_a_collection_cut_short_after_marking_a_chain_dead_deletes_it_next_time(location):
+    """gc marks a chain's genesis dead before deleting its links (seal included); a
+    collection that stopped in between finds it dead, not unsealed, and deletes the rest
+    instead of sealing it again."""
+    from shardless.changelog.chain import SliceRange
+    from shardless.changelog.chain_gc import sealed_chains
+    from shardless.changelog.chain_writes import create_chain, seal
+
+    orphan = create_chain(location, "q1", 1, 0, SliceRange(0, SLICES))
+    seal(location, orphan.chain, "gc")
+    ddb = boto3.client("dynamodb")
+    key = {"pk": {"S": f"chain#{orphan.chain}"}}
+    ddb.update_item(
+        TableName=location.table,
+        Key={**key, "sk": {"S": "genesis"}},
+        UpdateExpression="SET dead = :t",
+        ExpressionAttributeValues={":t": {"N": "1"}},
+    )
+    ddb.delete_item(TableName=location.table, Key={**key, "sk": {"S": f"{1:012d}"}})
+    assert sealed_chains(location) == {orphan.chain: True}
+    now = int(time.time() * 1000)
+    gc.collect(location, SLICES, dry_run=False, now_ms=now)
+    late = gc.collect(location, SLICES, dry_run=False, now_ms=now + HOUR_MS + 1)
+    assert (late.chains_deleted, late.chains_sealed) == ([orphan.chain], [])
+    assert chain_ids(location) == []
