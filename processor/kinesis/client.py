@@ -13,6 +13,10 @@ JSON (`Data`, base64; the timestamp). The result has the same keys and types as 
 `tests/processor/kinesis/test_source_client.py`); every other operation, and every error response,
 goes through botocore's parser. The clients have a botocore session of their own, so other clients
 keep botocore's defaults.
+
+A stream in another account is read with a role assumed for the source alone (`SourceRoles`,
+from the source options `roleArn`, `roleExternalId`, `roleSessionName`); the batch log, in the
+application's table, keeps the state's credentials (`stateRoleArn`, ...: `aws.state_role`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from __future__ import annotations
 import os
 import threading
 from binascii import a2b_base64
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,7 +36,7 @@ from botocore.utils import parse_timestamp
 
 from shardless.changelog import aws
 
-_clients: dict[tuple[str, bool], Any] = {}
+_clients: dict[tuple[str, bool, aws.Role | None], Any] = {}
 _lock = threading.Lock()
 
 
@@ -78,15 +84,17 @@ def _endpoint(endpoint: str | None) -> str:
     )
 
 
-def kinesis_client(endpoint: str | None = None, fail_fast: bool = False):  # noqa: ANN201
+def kinesis_client(  # noqa: ANN201
+    endpoint: str | None = None, fail_fast: bool = False, role: aws.Role | None = None
+):
     """A cached Kinesis client for `endpoint` (None: boto3's own, e.g. from
     AWS_ENDPOINT_URL_KINESIS). `fail_fast`: few retries and short timeouts, for start-up
-    checks."""
-    key = (_endpoint(endpoint), fail_fast)
+    checks. `role`: the client signs with that role's credentials (`aws.role_session`)."""
+    key = (_endpoint(endpoint), fail_fast, role)
     with _lock:
         found = _clients.get(key)
         if found is None:
-            session = boto3.session.Session()
+            session = aws.role_session(role) if role else boto3.session.Session()
             parsers = _ParserFactory()
             parsers.set_parser_defaults(timestamp_parser=utc_timestamp)
             session._session.register_component("response_parser_factory", parsers)
@@ -103,3 +111,39 @@ def kinesis_client(endpoint: str | None = None, fail_fast: bool = False):  # noq
             )
             _clients[key] = found
         return found
+
+
+@dataclass(frozen=True)
+class SourceRoles:
+    """The roles a source reader works under, wherever Spark runs it (it is pickled to the
+    executors with the reader): Kinesis' and the state's (its batch log). None: boto3's own
+    credentials."""
+
+    kinesis: aws.Role | None = None
+    state: aws.Role | None = None
+
+    @classmethod
+    def of(cls, options: Mapping[str, str]) -> SourceRoles:
+        """The roles the source options name, the state's made this process's at once (the
+        planning process reads the batch log before any Kinesis call)."""
+        roles = cls(_role(options, "roleArn", "role"), _role(options, "stateRoleArn", "stateRole"))
+        aws.share_state_role(roles.state)
+        return roles
+
+    def client(self, endpoint: str | None) -> Any:
+        """The Kinesis client under the source role, once the state role is this process's."""
+        aws.share_state_role(self.state)
+        return kinesis_client(endpoint, role=self.kinesis)
+
+
+def _role(options: Mapping[str, str], arn_option: str, prefix: str) -> aws.Role | None:
+    arn = options.get(arn_option)
+    if not arn:
+        return None
+    flag = "--source-role-arn" if prefix == "role" else "--state-role-arn"
+    return aws.Role(
+        arn,
+        options.get(f"{prefix}ExternalId") or None,
+        options.get(f"{prefix}SessionName") or "shardless",
+        option=f"source option {arn_option} ({flag})",
+    )
