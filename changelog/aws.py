@@ -30,9 +30,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from shardless.changelog.errors import ConfigurationError
 
-STATE_ROLE_ARN = "SHARDLESS_STATE_ROLE_ARN"
-STATE_ROLE_EXTERNAL_ID = "SHARDLESS_STATE_ROLE_EXTERNAL_ID"
-STATE_ROLE_SESSION_NAME = "SHARDLESS_STATE_ROLE_SESSION_NAME"
+# The variables SHARDLESS_STATE_ROLE_ARN, _EXTERNAL_ID and _SESSION_NAME.
+STATE_ROLE = "SHARDLESS_STATE_ROLE"
 # STS's limits (AssumeRole's API reference): the role ARN, session name and external id.
 _ROLE_ARN = re.compile(r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}")
 _SESSION_NAME = re.compile(r"[\w+=,.@-]{2,64}")
@@ -160,64 +159,67 @@ def role_session(role: Role, region_name: str | None = None) -> boto3.session.Se
     return boto3.session.Session(botocore_session=session, region_name=where)
 
 
-def state_role() -> Role | None:
-    """The role this process's state clients assume (`SHARDLESS_STATE_ROLE_ARN`, with
-    `_EXTERNAL_ID` and `_SESSION_NAME`), or None: boto3's own credentials."""
-    values = _state_role_values()
-    return _role_of(values) if values else None
+def role_in_env(prefix: str) -> Role | None:
+    """The role the variables `<prefix>_ARN` (with `_EXTERNAL_ID` and `_SESSION_NAME`) name,
+    or None."""
+    values = _role_values(prefix)
+    return _role_of(prefix, values) if values else None
 
 
-def share_state_role(role: Role | None) -> dict[str, str]:
-    """Make `role` the one the state clients of this process, and of every process it starts
-    from now on, assume; the variables that say so, for processes started elsewhere (Spark's
-    executors). None changes nothing."""
+def share_role(prefix: str, role: Role | None) -> dict[str, str]:
+    """Set the variables `<prefix>_ARN`, `_EXTERNAL_ID` and `_SESSION_NAME` to `role` in this
+    process, so that its clients and every process it starts from now on assume it; returns
+    them, for processes started elsewhere (Spark's executors). None changes nothing."""
     if role is None:
         return {}
     env = {
-        STATE_ROLE_ARN: role.arn,
-        STATE_ROLE_EXTERNAL_ID: role.external_id or "",
-        STATE_ROLE_SESSION_NAME: role.session_name,
+        f"{prefix}_ARN": role.arn,
+        f"{prefix}_EXTERNAL_ID": role.external_id or "",
+        f"{prefix}_SESSION_NAME": role.session_name,
     }
     os.environ.update(env)
     return env
 
 
+def state_role() -> Role | None:
+    """The role this process's state clients assume, or None: boto3's own credentials."""
+    return role_in_env(STATE_ROLE)
+
+
 def session() -> boto3.session.Session:
     """The session the state's clients are made from: the state role's (one per process, its
     credentials shared by every client) or a plain one."""
-    values = _state_role_values()
+    values = _role_values(STATE_ROLE)
     if not values:
         return boto3.session.Session()
     with _lock:
-        return _role_session(values)
+        return _role_session(STATE_ROLE, values)
 
 
-def _state_role_values() -> tuple[str, ...]:
-    """The state role's variables, () when none is set: one lookup on the default path."""
-    arn = os.environ.get(STATE_ROLE_ARN)
+def _role_values(prefix: str) -> tuple[str, ...]:
+    """A role's variables, () when none is set: one lookup on the default path."""
+    arn = os.environ.get(f"{prefix}_ARN")
     if not arn:
         return ()
     return (
         arn,
-        os.environ.get(STATE_ROLE_EXTERNAL_ID, ""),
-        os.environ.get(STATE_ROLE_SESSION_NAME, ""),
+        os.environ.get(f"{prefix}_EXTERNAL_ID", ""),
+        os.environ.get(f"{prefix}_SESSION_NAME", ""),
     )
 
 
-def _role_of(values: tuple[str, ...]) -> Role:
+def _role_of(prefix: str, values: tuple[str, ...]) -> Role:
     arn, external_id, session_name = values
+    flag = "--" + prefix.removeprefix("SHARDLESS_").lower().replace("_", "-") + "-arn"
     return Role(
-        arn,
-        external_id or None,
-        session_name or "shardless",
-        option=f"--state-role-arn ({STATE_ROLE_ARN})",
+        arn, external_id or None, session_name or "shardless", option=f"{flag} ({prefix}_ARN)"
     )
 
 
-def _role_session(values: tuple[str, ...]) -> boto3.session.Session:
+def _role_session(prefix: str, values: tuple[str, ...]) -> boto3.session.Session:
     found = _role_sessions.get(values)
     if found is None:
-        found = _role_sessions[values] = role_session(_role_of(values))
+        found = _role_sessions[values] = role_session(_role_of(prefix, values))
     return found
 
 
@@ -241,12 +243,12 @@ def client(service: str, *, fail_fast: bool = False, validated: bool = True):  #
     the state role, so tests may switch emulators and roles. `validated=False`: a client that
     sends requests without botocore's parameter check, for the commit path's requests built by
     shardless itself."""
-    role = _state_role_values()
+    role = _role_values(STATE_ROLE)
     key = (service, fail_fast, validated, endpoint_for(service) or "", role)
     with _lock:
         found = _clients.get(key)
         if found is None:
-            session = _role_session(role) if role else boto3.session.Session()
+            session = _role_session(STATE_ROLE, role) if role else boto3.session.Session()
             found = session.client(
                 service,
                 region_name=region(session),

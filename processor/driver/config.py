@@ -10,12 +10,14 @@ from dataclasses import MISSING, dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
+from shardless.changelog import aws
 from shardless.changelog.errors import ConfigurationError
 from shardless.changelog.layout import AppLocation, check_app_name
 from shardless.processor.api.decoders import DECODERS, ON_DECODE_ERROR
 from shardless.processor.api.keys import check_path
 from shardless.processor.api.policies import ON_HANDLER_ERROR, RecordPolicy
 from shardless.processor.errors import ConfigError
+from shardless.processor.kinesis.client import SOURCE_ROLE
 from shardless.processor.kinesis.positions import check_starting
 from shardless.processor.kinesis.reader import CORRUPT_POLICIES as ON_CORRUPT_AGGREGATE
 from shardless.processor.kinesis.reader import POLICIES as ON_TRIMMED
@@ -101,6 +103,32 @@ class JobConfig:
     )
     kinesis_endpoint: str | None = flag(
         None, help="Kinesis endpoint URL for the source (default: boto3's)"
+    )
+    source_role_arn: str | None = flag(
+        None,
+        help=(
+            "an IAM role the source assumes to read the streams (another account's); "
+            "default: boto3's own credentials"
+        ),
+    )
+    source_role_external_id: str | None = flag(
+        None, help="with --source-role-arn: the external id the role's trust policy asks for"
+    )
+    source_role_session_name: str | None = flag(
+        None, help="with --source-role-arn: the role session's name (default: shardless-APP)"
+    )
+    state_role_arn: str | None = flag(
+        None,
+        help=(
+            "an IAM role the job assumes for the state's S3 bucket and DynamoDB table; "
+            "default: boto3's own credentials"
+        ),
+    )
+    state_role_external_id: str | None = flag(
+        None, help="with --state-role-arn: the external id the role's trust policy asks for"
+    )
+    state_role_session_name: str | None = flag(
+        None, help="with --state-role-arn: the role session's name (default: shardless-APP)"
     )
     allowed_lateness_ms: int = flag(
         0, help="event time: the watermark trails the latest arrival by this much"
@@ -224,6 +252,7 @@ class JobConfig:
         except ValueError as exc:
             raise ConfigError(f"--slices: {exc}") from exc
         self._check_source()
+        self._check_roles()
         self.record_policy()  # raises ConfigError on a bad decoder or policy
         if self.dead_letter is not None:
             target(self.dead_letter)
@@ -315,6 +344,52 @@ class JobConfig:
                     f"--kinesis-endpoint {self.kinesis_endpoint!r}: expected an http:// or "
                     "https:// URL such as http://127.0.0.1:4567"
                 )
+
+    def _check_roles(self) -> None:
+        for side in ("source", "state"):
+            if getattr(self, f"{side}_role_arn") is None:
+                for part in ("external_id", "session_name"):
+                    if getattr(self, f"{side}_role_{part}") is not None:
+                        raise ConfigError(
+                            f"--{side}-role-{part.replace('_', '-')} without --{side}-role-arn: "
+                            "give the role's ARN too"
+                        )
+            self._role(side)  # a malformed ARN, id or name raises ConfigError naming the flag
+
+    def _role(self, side: str) -> aws.Role | None:
+        arn = getattr(self, f"{side}_role_arn")
+        if arn is None:
+            return None
+        return aws.Role(
+            arn,
+            getattr(self, f"{side}_role_external_id"),
+            getattr(self, f"{side}_role_session_name") or f"shardless-{self.app}"[:64],
+            option=f"--{side}-role-arn",
+        )
+
+    @property
+    def source_role(self) -> aws.Role | None:
+        """The role the source assumes to read the streams, None: boto3's credentials."""
+        return self._role("source")
+
+    @property
+    def state_role(self) -> aws.Role | None:
+        """The role assumed for the state's bucket and table, None: boto3's credentials."""
+        return self._role("state")
+
+    def share_roles(self, spark: Any = None) -> None:
+        """Make the job's roles this process's and its children's: the variables
+        `SHARDLESS_SOURCE_ROLE_*` and `SHARDLESS_STATE_ROLE_*` that every shardless process
+        reads. Called before the SparkSession starts, as `shardless run` does, they reach all of
+        Spark's Python processes (a non-local master gets them as `spark.executorEnv`, from
+        `session()`); with `spark` already running, the Python functions the job makes
+        afterwards (its slice groups) get them too, but not the sources it registered before."""
+        env = {
+            **aws.share_role(SOURCE_ROLE, self.source_role),
+            **aws.share_role(aws.STATE_ROLE, self.state_role),
+        }
+        if env and spark is not None:
+            spark.sparkContext.environment.update(env)
 
     def record_policy(self) -> RecordPolicy:
         return RecordPolicy(

@@ -66,6 +66,7 @@ def prepare(cfg: JobConfig, spark: SparkSession | None = None) -> None:
     from shardless.processor.kinesis.client import kinesis_client
     from shardless.processor.kinesis.positions import is_committed
 
+    cfg.share_roles(spark)  # the driver's clients, and the slice groups' workers
     try:
         resources.ensure(cfg.location, cfg.slices)
     except ConfigurationError as exc:

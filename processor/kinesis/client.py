@@ -14,9 +14,9 @@ JSON (`Data`, base64; the timestamp). The result has the same keys and types as 
 goes through botocore's parser. The clients have a botocore session of their own, so other clients
 keep botocore's defaults.
 
-A stream in another account is read with a role assumed for the source alone (`SourceRoles`,
-from the source options `roleArn`, `roleExternalId`, `roleSessionName`); the batch log, in the
-application's table, keeps the state's credentials (`stateRoleArn`, ...: `aws.state_role`).
+A stream in another account is read with a role assumed for the source alone: the variables
+`SHARDLESS_SOURCE_ROLE_ARN` (with `_EXTERNAL_ID`, `_SESSION_NAME`), which every process of the
+source inherits, as the state's clients read `SHARDLESS_STATE_ROLE_*` (`shardless.changelog.aws`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ from __future__ import annotations
 import os
 import threading
 from binascii import a2b_base64
-from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,6 +35,8 @@ from botocore.utils import parse_timestamp
 from shardless.changelog import aws
 
 _clients: dict[tuple[str, bool, aws.Role | None], Any] = {}
+# The variables SHARDLESS_SOURCE_ROLE_ARN, _EXTERNAL_ID and _SESSION_NAME.
+SOURCE_ROLE = "SHARDLESS_SOURCE_ROLE"
 _lock = threading.Lock()
 
 
@@ -89,7 +89,9 @@ def kinesis_client(  # noqa: ANN201
 ):
     """A cached Kinesis client for `endpoint` (None: boto3's own, e.g. from
     AWS_ENDPOINT_URL_KINESIS). `fail_fast`: few retries and short timeouts, for start-up
-    checks. `role`: the client signs with that role's credentials (`aws.role_session`)."""
+    checks. `role`: the client signs with that role's credentials (`aws.role_session`); None:
+    the source role the environment names (`source_role`), if any."""
+    role = role or source_role()
     key = (_endpoint(endpoint), fail_fast, role)
     with _lock:
         found = _clients.get(key)
@@ -113,37 +115,6 @@ def kinesis_client(  # noqa: ANN201
         return found
 
 
-@dataclass(frozen=True)
-class SourceRoles:
-    """The roles a source reader works under, wherever Spark runs it (it is pickled to the
-    executors with the reader): Kinesis' and the state's (its batch log). None: boto3's own
-    credentials."""
-
-    kinesis: aws.Role | None = None
-    state: aws.Role | None = None
-
-    @classmethod
-    def of(cls, options: Mapping[str, str]) -> SourceRoles:
-        """The roles the source options name, the state's made this process's at once (the
-        planning process reads the batch log before any Kinesis call)."""
-        roles = cls(_role(options, "roleArn", "role"), _role(options, "stateRoleArn", "stateRole"))
-        aws.share_state_role(roles.state)
-        return roles
-
-    def client(self, endpoint: str | None) -> Any:
-        """The Kinesis client under the source role, once the state role is this process's."""
-        aws.share_state_role(self.state)
-        return kinesis_client(endpoint, role=self.kinesis)
-
-
-def _role(options: Mapping[str, str], arn_option: str, prefix: str) -> aws.Role | None:
-    arn = options.get(arn_option)
-    if not arn:
-        return None
-    flag = "--source-role-arn" if prefix == "role" else "--state-role-arn"
-    return aws.Role(
-        arn,
-        options.get(f"{prefix}ExternalId") or None,
-        options.get(f"{prefix}SessionName") or "shardless",
-        option=f"source option {arn_option} ({flag})",
-    )
+def source_role() -> aws.Role | None:
+    """The role this process's Kinesis source clients assume, or None: boto3's own credentials."""
+    return aws.role_in_env(SOURCE_ROLE)
