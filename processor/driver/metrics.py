@@ -6,8 +6,12 @@ tab, `StreamingQueryListener`s, `query.lastProgress`, hosted platforms) with no 
 
     "shardless"         the groups' metrics rows summed: records, outputs, slices
                         committed, restores, timers fired, dead letters, ... (`FIGURES`)
-    "shardless_shards"  `{"<stream>/<shard>": MillisBehindLatest}` of every shard that gave
-                        records in the batch, from the source's `behind_ms` column
+    "shardless_shards"  `millis_behind_latest`: `{"<stream>/<shard>": MillisBehindLatest}`
+                        of every shard that gave records in the batch, from the source's
+                        `behind_ms` column; `oldest_unread_arrival_ms`: the arrival time
+                        (epoch ms) of the oldest record the batch's reads left unread in any
+                        shard, null when every shard read caught up or ended (the source's
+                        `unread_arrival_ms` column, see `shardless.processor.kinesis.reader`)
 
 Spark counts an observation once per successful task of the plan it sits in; the job's
 `foreachBatch` persists the batch before it reads it twice (metrics, then the sink), so
@@ -21,6 +25,8 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+
+from shardless.processor.kinesis.rows import UNREAD
 
 BATCH = "shardless"
 SHARDS = "shardless_shards"
@@ -76,21 +82,25 @@ def observe_batch(outputs: DataFrame) -> DataFrame:
 
 
 def observe_shards(records: DataFrame) -> DataFrame:
-    """The source's records with each shard's MillisBehindLatest observed as `SHARDS` (only
-    the last record a shard gave in a batch carries it)."""
+    """The Kinesis source's records with each shard's MillisBehindLatest and the batch's
+    oldest unread arrival observed as `SHARDS` (only the last record a shard gave in a batch
+    carries them); returned without the source's own lag column (`UNREAD`), in the rows
+    every source of the job gives (`SCHEMA`)."""
     entry = F.when(
         F.col("behind_ms").isNotNull(),
         F.struct(F.concat_ws("/", "stream", "shard").alias("shard"), F.col("behind_ms")),
     )
     lag = F.map_from_entries(F.collect_list(entry))
-    return records.observe(SHARDS, lag.alias("millis_behind_latest"))
+    oldest = F.min(UNREAD).alias("oldest_unread_arrival_ms")
+    return records.observe(SHARDS, lag.alias("millis_behind_latest"), oldest).drop(UNREAD)
 
 
 def figures(observed: Mapping[str, Any]) -> dict[str, Any]:
-    """A progress's shardless figures as plain values: every name of `FIGURES`, and
-    `millis_behind_latest` (shard key to ms). `observed` is `observedMetrics` of a
-    progress: Rows from PySpark, dicts from the progress's JSON. Empty when the progress
-    has none (a trigger that ran no batch)."""
+    """A progress's shardless figures as plain values: every name of `FIGURES`,
+    `millis_behind_latest` (shard key to ms) and `oldest_unread_arrival_ms` (epoch ms, None
+    when the batch left nothing unread or read no records). `observed` is `observedMetrics`
+    of a progress: Rows from PySpark, dicts from the progress's JSON. Empty when the
+    progress has none (a trigger that ran no batch)."""
     batch = observed.get(BATCH)
     if batch is None:
         return {}
@@ -101,4 +111,6 @@ def figures(observed: Mapping[str, Any]) -> dict[str, Any]:
         shards = shards.asDict() if hasattr(shards, "asDict") else dict(shards)
     lag = (shards or {}).get("millis_behind_latest") or {}
     out["millis_behind_latest"] = {str(k): int(v) for k, v in dict(lag).items()}
+    oldest = (shards or {}).get("oldest_unread_arrival_ms")
+    out["oldest_unread_arrival_ms"] = None if oldest is None else int(oldest)
     return out

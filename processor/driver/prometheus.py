@@ -123,6 +123,13 @@ class Exporter:
                 "shardless_shard_millis_behind_latest", "gauge",
                 "MillisBehindLatest of each shard that gave records in the latest batch", lag,
             )  # fmt: skip
+            oldest = self.latest.get("oldest_unread_arrival_ms")
+            metric(
+                "shardless_oldest_unread_arrival_timestamp_seconds", "gauge",
+                "arrival time of the oldest record the latest batch left unread in any shard "
+                "(no sample: it left none)",
+                [] if oldest is None else [(base, oldest / 1000)],
+            )  # fmt: skip
             return "\n".join(lines) + "\n"
 
 

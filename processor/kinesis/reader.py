@@ -230,17 +230,28 @@ def _fresh(kinesis, read: ShardRead) -> tuple[list[dict], dict]:  # noqa: ANN001
         size = 0
         done = caught_up = False
         behind: int | None = None
+        peeked: dict | None = None  # the oldest record left unread, when the last call saw it
+        answered_at = _now()
         while len(raw) < read.max_records and size < read.max_bytes:
-            limit = min(10_000, read.max_records - len(raw))
+            want = read.max_records - len(raw)
+            # One record more than the bound allows, when a call may return it: the oldest
+            # record the batch leaves unread, whose arrival is the batch's lag (`_unread`).
+            limit = min(10_000, want + 1)
             got, done, behind = shard.next(limit)
+            answered_at = _now()
+            if len(got) > want:
+                peeked, got = got[want], got[:want]
+                shard.last_seq = got[-1]["SequenceNumber"]
             raw += got
             size += sum(len(r["Data"]) for r in got)
-            caught_up = len(got) < limit and behind in (0, None)
+            caught_up = peeked is None and len(got) < limit and behind in (0, None)
             # A closed shard is read until Kinesis says it ended, so its children can start.
-            if done or (caught_up and not read.closed):
+            if done or peeked is not None or (caught_up and not read.closed):
                 break
     finally:
         shard.close()
+    if peeked is not None:
+        done = False  # the shard has records left: the iterator went past one of them
     records, skipped = _expand(read, raw)
     if caught_up and shard.tip_seen_at is not None:
         since = shard.tip_seen_at  # every record that arrived before this call was read
@@ -256,6 +267,7 @@ def _fresh(kinesis, read: ShardRead) -> tuple[list[dict], dict]:  # noqa: ANN001
         "user_records": len(records),
         "bytes": size,
         "behind_ms": behind,
+        "unread_arrival_ms": _unread(peeked, done or caught_up, behind, answered_at),
         "throttles": shard.throttles,
         "calls": shard.calls,
         "read_ms": round((time.monotonic() - began) * 1000),
@@ -267,6 +279,23 @@ def _fresh(kinesis, read: ShardRead) -> tuple[list[dict], dict]:  # noqa: ANN001
         end["from_oldest"] = True
     log.info("batch %s shard %s: %s", read.n, read.shard_key, _metrics_text(end))
     return records, end
+
+
+def _unread(
+    peeked: dict | None, finished: bool, behind: int | None, answered_at: float
+) -> int | None:
+    """Arrival time (epoch ms) of the oldest record a read left unread in its shard; None
+    when it left none (it caught up with the stream or reached the shard's end).
+
+    Exact when the read's last call returned that record (see `_fresh`); otherwise
+    Kinesis' own measure, the last answer's time less its MillisBehindLatest. A read that
+    stopped at its bounds with MillisBehindLatest 0 left nothing Kinesis counts as behind.
+    """
+    if peeked is not None:
+        return round(peeked["ApproximateArrivalTimestamp"].timestamp() * 1000)
+    if finished or not behind:
+        return None
+    return round(answered_at * 1000) - int(behind)
 
 
 def _metrics_text(end: dict) -> str:

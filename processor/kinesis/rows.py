@@ -25,11 +25,16 @@ from shardless.processor.kinesis.positions import sequence_sort_key
 from shardless.processor.runtime.routing import key_text
 from shardless.state.slices import key_hash, slice_of
 
+# The rows every source of the job's records gives (`shardless_timers` too).
 SCHEMA = (
     "stream string, shard string, sequence_number string, subsequence long, "
     "partition_key string, explicit_hash_key string, arrival timestamp, data binary, "
     "slice int, stream_order string, behind_ms long"
 )
+# The Kinesis source's rows: SCHEMA and the lag column that only it has (the job observes
+# it, then drops it: `shardless.processor.driver.metrics.observe_shards`).
+UNREAD = "unread_arrival_ms"
+SOURCE_SCHEMA = f"{SCHEMA}, {UNREAD} long"
 STRUCT = StructType(
     [
         StructField("stream", StringType()),
@@ -46,6 +51,9 @@ STRUCT = StructType(
     ]
 )
 ARROW_SCHEMA = to_arrow_schema(STRUCT, timezone="UTC")  # as Spark's data source reader does
+SOURCE_ARROW_SCHEMA = to_arrow_schema(
+    StructType([*STRUCT.fields, StructField(UNREAD, LongType())]), timezone="UTC"
+)
 ROWS_PER_BATCH = 10_000
 
 
@@ -56,11 +64,14 @@ def record_batch(
     records: list[dict[str, Any]],
     slices: int,
     behind_ms: int | None = None,
+    unread_arrival_ms: int | None = None,
 ) -> pa.RecordBatch:
-    """One Arrow batch of user records (as `reader.read_shard` returns them) of one shard.
+    """One Arrow batch (`SOURCE_ARROW_SCHEMA`) of user records (as `reader.read_shard`
+    returns them) of one shard.
 
-    `behind_ms` goes on the batch's last record (null on the others): the shard's
-    MillisBehindLatest after the batch's read, given with the read's last chunk.
+    `behind_ms` and `unread_arrival_ms` go on the batch's last record (null on the others):
+    the shard's MillisBehindLatest after the batch's read, and the arrival time (epoch ms)
+    of the oldest record the read left unread (null: none), given with the read's last chunk.
 
     `slice` is `(h * slices) >> 128` of the record's explicit hash key if it has one, else
     of the MD5 of its partition key; `stream_order` is lineage depth (4 digits), sequence
@@ -108,5 +119,6 @@ def record_batch(
         pa.array(slice_col, pa.int32()),
         pa.array(order, pa.string()),
         pa.array([None] * (n - 1) + [behind_ms] if n else [], pa.int64()),
+        pa.array([None] * (n - 1) + [unread_arrival_ms] if n else [], pa.int64()),
     ]
-    return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+    return pa.RecordBatch.from_arrays(columns, schema=SOURCE_ARROW_SCHEMA)

@@ -36,7 +36,7 @@ from shardless.processor.kinesis import positions as pos
 from shardless.processor.kinesis.batch_log import BatchLog
 from shardless.processor.kinesis.client import kinesis_client
 from shardless.processor.kinesis.reader import CORRUPT_POLICIES, POLICIES, ShardRead, read_shard
-from shardless.processor.kinesis.rows import ROWS_PER_BATCH, SCHEMA, record_batch
+from shardless.processor.kinesis.rows import ROWS_PER_BATCH, SCHEMA, SOURCE_SCHEMA, record_batch
 from shardless.processor.kinesis.shards import depths, list_shards, readable, vanished
 from shardless.state.slices import check_slices
 
@@ -58,7 +58,7 @@ class KinesisDataSource(DataSource):
         return "shardless_kinesis"
 
     def schema(self) -> str:
-        return SCHEMA
+        return SOURCE_SCHEMA
 
     def streamReader(self, schema) -> DataSourceStreamReader:  # noqa: ANN001, N802
         return KinesisStreamReader(self.options)
@@ -248,4 +248,7 @@ class KinesisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             chunk = records[lo : lo + ROWS_PER_BATCH]
             last = lo + ROWS_PER_BATCH >= len(records)
             behind = end.get("behind_ms") if last else None
-            yield record_batch(read.stream, read.shard_id, read.depth, chunk, slices, behind)
+            unread = end.get("unread_arrival_ms") if last else None
+            yield record_batch(
+                read.stream, read.shard_id, read.depth, chunk, slices, behind, unread
+            )
