@@ -145,12 +145,17 @@ def role_session(role: Role, region_name: str | None = None) -> boto3.session.Se
     def fetch() -> dict[str, Any]:
         try:
             return fetcher.fetch_credentials()
-        except (ClientError, BotoCoreError) as exc:
+        except ClientError as exc:
             raise RoleError(
-                f"{role.option} {role.arn}: cannot assume the role: {exc}. The role's trust policy "
-                "must allow this job's identity (with the external id when it asks for one), and "
-                "that identity needs sts:AssumeRole on the role (docs/kinesis-source.md, "
-                '"Cross-account streams")'
+                f"{role.option} {role.arn}: STS refused to let this job assume the role: {exc}. "
+                "The role's trust policy must allow this job's identity (with the external id "
+                "when it asks for one), and that identity needs sts:AssumeRole on the role "
+                '(docs/kinesis-source.md, "Cross-account streams")'
+            ) from exc
+        except BotoCoreError as exc:
+            raise RoleError(
+                f"{role.option} {role.arn}: cannot assume the role: {exc} (STS in {where}; "
+                "AWS_ENDPOINT_URL_STS sets another endpoint)"
             ) from exc
 
     credentials = DeferredRefreshableCredentials(fetch, _Assumed.METHOD)

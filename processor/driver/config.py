@@ -382,14 +382,21 @@ class JobConfig:
         `SHARDLESS_SOURCE_ROLE_*` and `SHARDLESS_STATE_ROLE_*` that every shardless process
         reads. Called before the SparkSession starts, as `shardless run` does, they reach all of
         Spark's Python processes (a non-local master gets them as `spark.executorEnv`, from
-        `session()`); with `spark` already running, the Python functions the job makes
-        afterwards (its slice groups) get them too, but not the sources it registered before."""
+        `session()`). With `spark` already running: Spark gives a Python function the
+        environment its context had when the function was made, so the variables go into that
+        environment and the job's sources are registered again, for the sources and the slice
+        groups of the job to get them."""
         env = {
             **aws.share_role(SOURCE_ROLE, self.source_role),
             **aws.share_role(aws.STATE_ROLE, self.state_role),
         }
         if env and spark is not None:
+            from shardless.processor.driver.timer_source import TimerDataSource
+            from shardless.processor.kinesis.source import KinesisDataSource
+
             spark.sparkContext.environment.update(env)
+            for source in (KinesisDataSource, TimerDataSource):
+                spark.dataSource.register(source)
 
     def record_policy(self) -> RecordPolicy:
         return RecordPolicy(

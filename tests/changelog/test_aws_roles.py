@@ -182,4 +182,4 @@ def test_a_role_sts_refuses_fails_naming_the_option_and_the_role(
     message = str(caught.value)
     assert message.startswith(f"--state-role-arn (SHARDLESS_STATE_ROLE_ARN) {refused}: ")
     assert "AccessDenied" in message and "not authorized to perform: sts:AssumeRole" in message
-    assert "trust policy" in message
+    assert "STS refused to let this job assume the role" in message and "trust policy" in message
