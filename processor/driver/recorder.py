@@ -9,7 +9,7 @@ from typing import Any
 
 from shardless.changelog.layout import AppLocation
 from shardless.processor.driver import progress, takeover
-from shardless.processor.errors import ProcessorError
+from shardless.processor.errors import ProcessorError, SourceError
 from shardless.processor.kinesis import positions as pos
 from shardless.processor.kinesis.batch_log import BatchLog
 
@@ -106,6 +106,11 @@ def positions_after(
             break
         current = batch_log.positions(run, n)
         if current is None:
+            if chain:  # two batches in a row without stored positions: collected?
+                try:
+                    batch_log.check_not_collected(run, n)
+                except SourceError as exc:
+                    raise ProcessorError(str(exc)) from exc
             if n == 0:
                 if offset.get("from"):
                     raise ProcessorError(

@@ -2,20 +2,27 @@
 
     pk="src#<run>"  sk="end#<n>#<stream>/<shard>"  what batch n read from one shard
     pk="src#<run>"  sk="pos#<n>"                    all shard positions after batch n
+    pk="src#<run>"  sk="gc"                         `below`: batches before it are deleted
 
 The executor that first reads a shard for batch n records its end with a conditional
 put; any later attempt of the same batch (a retry, a speculative copy) finds that record
 and reads exactly up to it.
+
+Batches that can never be read again are deleted by `collect` (the source calls it from
+`commit`, see `shardless.processor.kinesis.source`); the `gc` item says how far, so that a
+reader that asks for a deleted batch fails naming it instead of starting over.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from botocore.exceptions import ClientError
 
 from shardless.changelog import aws
+from shardless.processor.errors import SourceError
 from shardless.processor.kinesis.positions import Position, Positions
 
 
@@ -99,3 +106,90 @@ class BatchLog:
         )
         item = out.get("Item")
         return None if item is None else json.loads(item["positions"]["S"])
+
+    # -- garbage collection --------------------------------------------------------------
+
+    def collected_below(self, run: str) -> int:
+        """The first batch of `run` whose records `collect` has not deleted (0: none)."""
+        out = self._ddb.get_item(
+            TableName=self.table,
+            Key={"pk": {"S": _pk(run)}, "sk": {"S": "gc"}},
+            ConsistentRead=True,
+        )
+        item = out.get("Item")
+        return 0 if item is None else int(item["below"]["N"])
+
+    def check_not_collected(self, run: str, n: int) -> None:
+        """SourceError if batch n of `run` is one whose records `collect` deleted."""
+        below = self.collected_below(run)
+        if n < below:
+            raise SourceError(
+                f"batch {n} of source run {run}: its records in table {self.table} were "
+                f"deleted as no longer needed (the batch log keeps batches from {below} on); "
+                "Spark's checkpoint asks for a batch older than the source option "
+                "batchLogRetain allows: was the checkpoint's offset log rolled back by hand? "
+                "Start a new checkpoint with startingPosition=COMMITTED"
+            )
+
+    def collect(self, run: str, below: int) -> int:
+        """Delete the records of `run`'s batches before `below` (ends and positions); return
+        how many. The `gc` item is raised first, so a reader that finds a record missing can
+        tell it was collected; it never moves back."""
+        if below <= 0:
+            return 0
+        try:
+            self._ddb.update_item(
+                TableName=self.table,
+                Key={"pk": {"S": _pk(run)}, "sk": {"S": "gc"}},
+                UpdateExpression="SET #b = :b",
+                ConditionExpression="attribute_not_exists(#b) OR #b < :b",
+                ExpressionAttributeNames={"#b": "below"},
+                ExpressionAttributeValues={":b": {"N": str(below)}},
+            )
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+        # `end#<n>#...` sorts after `end#<n>` and before `end#<n+1>`; positions are exact keys.
+        doomed = self._keys(run, "end#", f"end#{below:012d}")
+        doomed += self._keys(run, "pos#", f"pos#{below - 1:012d}")
+        for lo in range(0, len(doomed), 25):
+            self._delete(run, doomed[lo : lo + 25])
+        return len(doomed)
+
+    def _keys(self, run: str, lo: str, hi: str) -> list[str]:
+        """Sort keys of `run` between `lo` and `hi` (both inclusive)."""
+        kwargs: dict[str, Any] = {
+            "TableName": self.table,
+            "KeyConditionExpression": "pk = :pk AND sk BETWEEN :lo AND :hi",
+            "ExpressionAttributeValues": {
+                ":pk": {"S": _pk(run)},
+                ":lo": {"S": lo},
+                ":hi": {"S": hi},
+            },
+            "ProjectionExpression": "sk",
+        }
+        found: list[str] = []
+        while True:
+            out = self._ddb.query(**kwargs)
+            found += [item["sk"]["S"] for item in out["Items"]]
+            if "LastEvaluatedKey" not in out:
+                return found
+            kwargs["ExclusiveStartKey"] = out["LastEvaluatedKey"]
+
+    def _delete(self, run: str, sort_keys: list[str]) -> None:
+        """One BatchWriteItem of up to 25 deletes, what it left unprocessed sent again."""
+        pending = {
+            self.table: [
+                {"DeleteRequest": {"Key": {"pk": {"S": _pk(run)}, "sk": {"S": sk}}}}
+                for sk in sort_keys
+            ]
+        }
+        for attempt in range(10):
+            pending = self._ddb.batch_write_item(RequestItems=pending).get("UnprocessedItems")
+            if not pending:
+                return
+            time.sleep(min(2.0, 0.05 * 2**attempt))
+        raise SourceError(
+            f"table {self.table}: DynamoDB left {len(pending[self.table])} deletes of source "
+            f"run {run} unprocessed after 10 attempts"
+        )

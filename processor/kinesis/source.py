@@ -16,9 +16,23 @@ Options:
                        decode (bad MD5, bad protobuf); skipped ones are logged and counted
   kinesisEndpoint      a Kinesis endpoint URL for this source alone (default: boto3's own,
                        e.g. AWS_ENDPOINT_URL_KINESIS)
+  batchLogRetain       batches of the run kept in the batch log before the last one Spark
+                       committed (default 100, as Spark's minBatchesToRetain; 0 or more)
+  batchLogGcEvery      delete the batch log's older batches once per this many batches
+                       (default 100)
 
 Planning (`latestOffset`, `partitions`) runs in a driver-side Python process and never
 reads records; `read` runs on executors, one partition per readable shard.
+
+Which batch log records can be read again: Spark calls `commit(end)` once the batch that
+ended at `end` (source batch c) is in its commit log. From then on Spark plans only later
+batches, and a restart re-runs at most the one batch after c, starting from c's end: it
+reads the positions after c (`pos#c`), the recorded ends of the batches after c, and, to
+decide whether to plan another batch, c's own ends. The driver's progress record of a batch
+is written before Spark commits it. So records of batches before c are never read again;
+`commit` deletes those before c - batchLogRetain (`_collect`), keeping as many source
+batches as Spark keeps batches of its own metadata, so every offset still in the
+checkpoint names records that exist.
 """
 
 from __future__ import annotations
@@ -28,6 +42,7 @@ import time
 from collections.abc import Iterator
 
 import pyarrow as pa
+from botocore.exceptions import BotoCoreError, ClientError
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 
@@ -75,6 +90,17 @@ def _int_option(options: dict, name: str, default: int) -> int:
     return value
 
 
+def _count_option(options: dict, name: str, default: int) -> int:
+    raw = options.get(name, default)
+    try:
+        value = int(raw)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"option {name}={raw!r}: expected an integer") from exc
+    if value < 0:
+        raise ConfigError(f"option {name}={raw!r}: must be 0 or more")
+    return value
+
+
 def _choice_option(options: dict, name: str, choices: tuple[str, ...]) -> str:
     value = str(options.get(name, choices[0])).strip().lower()
     if value not in choices:
@@ -103,6 +129,9 @@ class KinesisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.on_trimmed = _choice_option(options, "onTrimmed", POLICIES)
         self.on_corrupt = _choice_option(options, "onCorruptAggregate", CORRUPT_POLICIES)
         self.endpoint = options.get("kinesisEndpoint") or None
+        self.retain = _count_option(options, "batchLogRetain", 100)
+        self.gc_every = _int_option(options, "batchLogGcEvery", 100)
+        self._collected: int | None = None  # `below` of this process's last collection
         self._positions: dict[tuple[str, int], pos.Positions] = {}
         self._available_now = False
         self._looked = False
@@ -211,9 +240,29 @@ class KinesisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict) -> None:
         self._positions_after(end)
+        self._collect(end)
 
-    def _positions_after(self, offset: dict) -> pos.Positions:
-        """Shard positions after the batch that ended at `offset` (cached, then stored)."""
+    def _collect(self, end: dict) -> None:
+        """Delete the batch log records of the batches before `end`'s less `retain` (see the
+        module's docstring), once per `gc_every` batches: the first commit of a driver run,
+        then whenever the bound moved `gc_every` on. A failure is logged: the records stay
+        for the next collection."""
+        below = int(end["n"]) - self.retain
+        if below <= 0 or (self._collected is not None and below < self._collected + self.gc_every):
+            return
+        try:
+            deleted = BatchLog(self.table).collect(end["run"], below)
+        except (ClientError, BotoCoreError, SourceError) as exc:
+            log.warning(
+                "run %s: batch log records before batch %s stay: %s", end["run"], below, exc
+            )
+            return
+        self._collected = below
+        log.info("run %s: deleted %d batch log records before batch %s", end["run"], deleted, below)
+
+    def _positions_after(self, offset: dict, chained: bool = False) -> pos.Positions:
+        """Shard positions after the batch that ended at `offset` (cached, then stored).
+        `chained`: asked for by a later batch whose positions are not stored either."""
         run, n = offset["run"], int(offset["n"])
         if (run, n) in self._positions:
             return self._positions[(run, n)]
@@ -228,7 +277,9 @@ class KinesisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         else:
             found = batch_log.positions(run, n)
         if found is None:
-            before = self._positions_after({**offset, "n": n - 1})
+            if chained:  # two batches in a row without stored positions: collected?
+                batch_log.check_not_collected(run, n)
+            before = self._positions_after({**offset, "n": n - 1}, chained=True)
             ends = batch_log.ends(run, n)
             for shard_key, end in sorted(ends.items()):
                 log.info("batch %s shard %s: %s", n, shard_key, end)
