@@ -112,7 +112,6 @@ def _run(args: argparse.Namespace) -> int:
         sink = _sink(args, app)
     except ConfigError as exc:  # say so when the value it names came from a variable or file
         raise settings.located(exc, getattr(args, "set_by", {})) from exc
-    cfg.share_roles()  # before Spark starts, so that every process of it inherits them
     spark = session(args.master, groups=cfg.groups, app_name=f"shardless-{cfg.app}")
     query = start(
         spark,

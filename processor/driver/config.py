@@ -380,12 +380,11 @@ class JobConfig:
     def share_roles(self, spark: Any = None) -> None:
         """Make the job's roles this process's and its children's: the variables
         `SHARDLESS_SOURCE_ROLE_*` and `SHARDLESS_STATE_ROLE_*` that every shardless process
-        reads. Called before the SparkSession starts, as `shardless run` does, they reach all of
-        Spark's Python processes (a non-local master gets them as `spark.executorEnv`, from
-        `session()`). With `spark` already running: Spark gives a Python function the
-        environment its context had when the function was made, so the variables go into that
-        environment and the job's sources are registered again, for the sources and the slice
-        groups of the job to get them."""
+        reads. `start()` calls it with the running session (in `prepare()`): Spark gives a
+        Python function the environment its context had when the function was made, so the
+        variables go into that environment and the job's sources are registered again; the
+        sources and the slice groups then have them wherever Spark runs them. Called before a
+        session starts, every process of it inherits them."""
         env = {
             **aws.share_role(SOURCE_ROLE, self.source_role),
             **aws.share_role(aws.STATE_ROLE, self.state_role),

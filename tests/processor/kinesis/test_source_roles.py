@@ -10,6 +10,9 @@ credentials, so these tests read streams from moto.)"""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -100,7 +103,7 @@ def test_roles_come_from_flags_variables_and_the_config_file(sts, tmp_path, monk
     cfg = seen[-1]
     assert cfg.source_role == clients.Role(reader, "ext-from-file", "shardless-orders")
     assert cfg.state_role == clients.Role(state, None, "nightly")
-    # `shardless run` left them in its environment, for the Spark it starts to inherit
+    cfg.share_roles()  # what `start()` does first: the variables every process reads
     assert source_role() == cfg.source_role and clients.state_role() == cfg.state_role
 
 
@@ -146,6 +149,24 @@ def test_a_bad_role_in_a_variable_names_the_variable(sts, tmp_path, monkeypatch,
     assert err.endswith("[state_role_arn set by SHARDLESS_STATE_ROLE_ARN]")
 
 
+def make_moto_stream(moto: str, keys: list[str]) -> str:
+    """A two-shard stream in the source role's account on moto's Kinesis, holding `keys`."""
+    stream = f"s-{uuid.uuid4().hex[:8]}"
+    producer = in_account(STREAM_ACCOUNT).client("kinesis", endpoint_url=moto)
+    producer.create_stream(StreamName=stream, ShardCount=2)
+    for _ in range(100):
+        summary = producer.describe_stream_summary(StreamName=stream)
+        if summary["StreamDescriptionSummary"]["StreamStatus"] == "ACTIVE":
+            break
+        time.sleep(0.05)
+    for lo in range(0, len(keys), 20):
+        producer.put_records(
+            StreamName=stream,
+            Records=[{"PartitionKey": k, "Data": b"{}"} for k in keys[lo : lo + 20]],
+        )
+    return stream
+
+
 @pytest.fixture
 def restored_spark(spark, aws) -> Iterator:  # noqa: ANN001
     """The suite's session, with STS at moto in its Python processes too (as a deployment's
@@ -174,20 +195,8 @@ def test_a_job_reads_a_stream_in_one_account_and_keeps_its_state_in_another(
     from shardless.processor.driver.job import parquet_sink, start
 
     moto = aws.s3_endpoint
-    stream = f"s-{uuid.uuid4().hex[:8]}"
-    producer = in_account(STREAM_ACCOUNT).client("kinesis", endpoint_url=moto)
-    producer.create_stream(StreamName=stream, ShardCount=2)
-    for _ in range(100):
-        summary = producer.describe_stream_summary(StreamName=stream)
-        if summary["StreamDescriptionSummary"]["StreamStatus"] == "ACTIVE":
-            break
-        time.sleep(0.05)
     keys = [f"user-{i % 7}" for i in range(60)]
-    for lo in range(0, len(keys), 20):
-        producer.put_records(
-            StreamName=stream,
-            Records=[{"PartitionKey": k, "Data": b"{}"} for k in keys[lo : lo + 20]],
-        )
+    stream = make_moto_stream(moto, keys)
 
     def count(event, ctx) -> None:  # noqa: ANN001
         total = (ctx.state.get() or 0) + 1
@@ -221,6 +230,70 @@ def test_a_job_reads_a_stream_in_one_account_and_keeps_its_state_in_another(
     finals: dict[str, int] = {}
     for row in rows:
         finals[row.key] = max(finals.get(row.key, 0), json.loads(row.value))
+    assert finals == {k: keys.count(k) for k in set(keys)}
+    assert loc.table in tables_of(in_account(STATE_ACCOUNT))
+    assert loc.table not in tables_of(boto3.session.Session())
+
+
+@pytest.mark.slow
+def test_shardless_run_with_role_flags_reads_and_commits_across_accounts(sts, aws, tmp_path: Path):
+    """`shardless run` in a process of its own, the roles given as flags only: the Spark it
+    starts, its sources' processes and its Python workers get them from its environment."""
+    import pyarrow.parquet as pq
+
+    keys = [f"user-{i % 5}" for i in range(40)]
+    stream = make_moto_stream(aws.s3_endpoint, keys)
+    app = tmp_path / "count.py"
+    app.write_text(
+        "def process(event, ctx):\n"
+        "    total = (ctx.state.get() or 0) + 1\n"
+        "    ctx.state.set(total)\n"
+        "    ctx.emit(total)\n"
+    )
+    loc = AppLocation.default(f"x-{uuid.uuid4().hex[:10]}")
+    env = {**os.environ, "AWS_ENDPOINT_URL_STS": aws.s3_endpoint}
+    for name in ROLE_VARIABLES:
+        env.pop(name, None)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "shardless",
+            "run",
+            str(app),
+            "--app",
+            loc.app,
+            "--stream",
+            stream,
+            "--master",
+            "local[1]",
+            "--slices",
+            "16",
+            "--groups",
+            "2",
+            "--available-now",
+            "--checkpoint",
+            str(tmp_path / "ck"),
+            "--local-dir",
+            str(tmp_path / "stores"),
+            "--output",
+            str(tmp_path / "out"),
+            "--kinesis-endpoint",
+            aws.s3_endpoint,
+            "--source-role-arn",
+            arn("reader", STREAM_ACCOUNT),
+            "--state-role-arn",
+            arn("state", STATE_ACCOUNT),
+        ],  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    finals: dict[str, int] = {}
+    for row in pq.read_table(tmp_path / "out").to_pylist():
+        finals[row["key"]] = max(finals.get(row["key"], 0), json.loads(row["value"]))
     assert finals == {k: keys.count(k) for k in set(keys)}
     assert loc.table in tables_of(in_account(STATE_ACCOUNT))
     assert loc.table not in tables_of(boto3.session.Session())
