@@ -4,14 +4,19 @@ file system, and the per-batch record after the sink (`Recorder`)."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
 
 from shardless.changelog.layout import AppLocation
 from shardless.processor.driver import progress, takeover
 from shardless.processor.errors import ProcessorError, SourceError
 from shardless.processor.kinesis import positions as pos
 from shardless.processor.kinesis.batch_log import BatchLog
+
+log = logging.getLogger(__name__)
 
 IDLE_RECORD_S = 600.0  # an idle query refreshes its record (and `since`) this often
 
@@ -135,7 +140,9 @@ class Recorder:
     run: find the query id, `register`); `after_sink(batch_id, ...)` after the sink.
     Costs per batch: reading `offsets/<batch>` from the checkpoint, one DynamoDB query
     for the batch's shard ends, one TransactWriteItems; a batch that read, committed and
-    emitted nothing is not recorded (unless the last record is `IDLE_RECORD_S` old).
+    emitted nothing is not recorded (unless the last record is `IDLE_RECORD_S` old). A run
+    started at COMMITTED deletes the batch log of the run it continues, once per driver run
+    (`_retire_continued`).
     """
 
     def __init__(
@@ -165,6 +172,26 @@ class Recorder:
             self.loc, query, batch_id, offset.get("from"), self.recount, self.streams
         )
         self.query = query
+        if offset.get("from"):
+            self._retire_continued(offset)
+
+    def _retire_continued(self, offset: dict[str, Any]) -> None:
+        """Delete the batch log of the run this COMMITTED run continues (the one that wrote
+        the progress record it started from): `register` has fenced that run's query, so
+        its checkpoint can never run a batch again, and no COMMITTED start or roll-back
+        reads a batch log (progress records hold their own positions). Repeated at each
+        driver run of this checkpoint, at the cost of a few requests. A failure is logged:
+        the records stay."""
+        start = offset["from"]
+        try:
+            found = progress.at_batch(self.loc, start["query"], int(start["batch"]))
+            old = ((found or {}).get("offset") or {}).get("run")
+            if old and old != offset["run"]:
+                deleted = BatchLog(self.loc.table).retire(old)
+                if deleted:
+                    log.info("deleted %d batch log records of source run %s", deleted, old)
+        except (ClientError, BotoCoreError, ProcessorError) as exc:
+            log.warning("the batch log of the run this one continues stays: %s", exc)
 
     def after_sink(self, batch_id: int, records: int, committed: int, outputs: int) -> bool:
         """Record the batch; False if it was skipped as idle."""

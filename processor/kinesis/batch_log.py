@@ -9,8 +9,10 @@ put; any later attempt of the same batch (a retry, a speculative copy) finds tha
 and reads exactly up to it.
 
 Batches that can never be read again are deleted by `collect` (the source calls it from
-`commit`, see `shardless.processor.kinesis.source`); the `gc` item says how far, so that a
-reader that asks for a deleted batch fails naming it instead of starting over.
+`commit`, see `shardless.processor.kinesis.source`), and a whole run by `retire` once a
+COMMITTED start has continued from it (`shardless.processor.driver.recorder`); the `gc`
+item says how far, so that a reader that asks for a deleted batch fails naming it instead
+of starting over.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from botocore.exceptions import ClientError
 from shardless.changelog import aws
 from shardless.processor.errors import SourceError
 from shardless.processor.kinesis.positions import Position, Positions
+
+# A `gc` bound past every batch number (sort keys hold 12 digits): the run is retired.
+RETIRED = 10**12
 
 
 def _pk(run: str) -> str:
@@ -109,6 +114,10 @@ class BatchLog:
 
     # -- garbage collection --------------------------------------------------------------
 
+    def retire(self, run: str) -> int:
+        """Delete every record of `run`, whose checkpoint can never run a batch again."""
+        return self.collect(run, RETIRED)
+
     def collected_below(self, run: str) -> int:
         """The first batch of `run` whose records `collect` has not deleted (0: none)."""
         out = self._ddb.get_item(
@@ -122,6 +131,13 @@ class BatchLog:
     def check_not_collected(self, run: str, n: int) -> None:
         """SourceError if batch n of `run` is one whose records `collect` deleted."""
         below = self.collected_below(run)
+        if below >= RETIRED:
+            raise SourceError(
+                f"source run {run} was retired: this checkpoint may no longer work on "
+                f"application table {self.table}'s state, which a new checkpoint continued "
+                "from this run's progress (startingPosition=COMMITTED), deleting this run's "
+                "batch log; start a NEW checkpoint with startingPosition=COMMITTED"
+            )
         if n < below:
             raise SourceError(
                 f"batch {n} of source run {run}: its records in table {self.table} were "

@@ -268,6 +268,8 @@ class KinesisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return self._positions[(run, n)]
         batch_log = BatchLog(self.table)
         if n == 0:
+            if chained:  # batch 1's positions are being built: unless they were collected
+                batch_log.check_not_collected(run, 0)
             found = batch_log.positions(run, 0) if offset.get("from") else {}
             if found is None:
                 raise SourceError(

@@ -107,3 +107,21 @@ def test_commit_collects_once_every_gc_every_batches_keeping_retain_before_it(
 def test_bad_batch_log_options_are_refused_naming_them(option, value, message) -> None:
     with pytest.raises(ConfigError, match=rf"option {option}='{value}': {message}"):
         KinesisStreamReader({"streams": "s", "table": "t", option: value})
+
+
+def test_a_retired_run_loses_every_record_and_cannot_plan_any_batch(log, location) -> None:
+    run, other = uuid.uuid4().hex, uuid.uuid4().hex
+    fill(log, run, range(1, 4))
+    fill(log, other, range(1, 4))
+    assert log.retire(run) == 3 * (len(SHARDS) + 1)
+    assert kept(log, run) == ([], []) and kept(log, other) == ([1, 2, 3], [1, 2, 3])
+
+    source = KinesisStreamReader({"streams": "s", "table": location.table})
+    for n in (1, 3):  # batch 1 would otherwise be rebuilt from nothing: every shard anew
+        with pytest.raises(SourceError, match=rf"source run {run} was retired"):
+            source._positions_after({"run": run, "n": n, "initial": TRIM_HORIZON})
+    # A run's first batch is built from its ends as before while nothing was collected.
+    fresh = uuid.uuid4().hex
+    log.record_end(fresh, 1, SHARDS[0], {"after": "10", "done": False, "count": 1})
+    after = source._positions_after({"run": fresh, "n": 1, "initial": TRIM_HORIZON})
+    assert after == {SHARDS[0]: {"after": "10", "done": False}}
