@@ -19,8 +19,11 @@ from shardless.processor.driver import prometheus, recorder
 from shardless.processor.driver.job import parquet_sink, start
 from shardless.processor.driver.metrics import figures
 from shardless.processor.kinesis.batch_log import BatchLog
+from shardless.processor.kinesis.client import kinesis_client
+from shardless.processor.local import emulators as local_aws
 from tests.jobs import job_config
 from tests.processor.driver.test_progress_metrics import free_port, scrape
+from tests.processor.kinesis.test_reshard import create_stream
 
 BOUND = 10
 BUSY, QUIET = 25, 3  # records put into each shard
@@ -123,3 +126,45 @@ def test_each_batch_reports_its_shards_lag_and_its_oldest_unread_arrival(
     gauge = f"shardless_oldest_unread_arrival_timestamp_seconds{app} "
     (line,) = [x for x in exporter.render().splitlines() if x.startswith(gauge)]
     assert float(line.split()[-1]) == pytest.approx(held[BOUND] / 1000)
+
+
+@pytest.fixture(scope="module")
+def kinesis_local(aws, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:  # noqa: ANN001
+    """A kinesis-local endpoint beside the session's emulators (DynamoDB stays moto's):
+    unlike kinesalite, it answers MillisBehindLatest above 0 while records remain."""
+    started = local_aws.start("kinesis-local", log_dir=tmp_path_factory.mktemp("kinesis-local"))
+    try:
+        yield started.kinesis_endpoint
+    finally:
+        started.stop()
+
+
+@pytest.mark.slow
+def test_a_shard_left_behind_by_the_bound_reports_millis_behind_latest_above_0(
+    spark, kinesis_local: str, location, tmp_path
+) -> None:
+    kinesis = kinesis_client(kinesis_local)
+    stream = create_stream(kinesis, f"lag-{location.app}", 1)
+    put_into(kinesis, stream, 1, BUSY, "busy")
+    (shard,) = (
+        f"{stream}/{s['ShardId']}" for s in kinesis.list_shards(StreamName=stream)["Shards"]
+    )
+    cfg = job_config(
+        location, (stream,), tmp_path, max_records_per_shard=BOUND, kinesis_endpoint=kinesis_local
+    )
+    query = start(
+        spark, HandlerFactory(count), cfg, sink=parquet_sink(str(tmp_path / "out")),
+        available_now=True,
+    )  # fmt: skip
+    query.awaitTermination()
+    read = [
+        f
+        for p in query.recentProgress
+        if (f := figures(json.loads(p.json)["observedMetrics"])) and f["records"]
+    ]
+    assert [f["records"] for f in read] == [BOUND, BOUND, BUSY - 2 * BOUND]
+    behind = [f["millis_behind_latest"][shard] for f in read]
+    assert behind[0] > 0 and behind[1] > 0, "records remained unread after the bounded batches"
+    assert behind[2] == 0, "the last batch caught up"
+    assert read[0]["oldest_unread_arrival_ms"] is not None
+    assert read[2]["oldest_unread_arrival_ms"] is None
