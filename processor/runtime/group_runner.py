@@ -38,6 +38,7 @@ from typing import Any
 import pandas as pd
 
 from shardless.changelog.durable import DurableState
+from shardless.changelog.errors import CommitConflictError
 from shardless.processor.api.handlers import HandlerFactory
 from shardless.processor.runtime.attempt import Attempt, StaleHeads, dumps
 from shardless.processor.runtime.config import Pending, RuntimeConfig
@@ -158,7 +159,10 @@ class GroupRunner:
                 cache.forget(group)
                 took = {k: v for k, v in took.items() if k in ("input", "prepare", "called_at")}
                 attempt = Attempt(*args, cache, durable, took)
-                rows, metrics, pending_out = attempt.run(trust_known=False)
+                try:
+                    rows, metrics, pending_out = attempt.run(trust_known=False)
+                except StaleHeads as again:  # lost even on fresh heads: a real conflict
+                    raise conflict(again) from None
                 metrics["attempts"] = 2
         except BaseException:
             cache.forget(group)
@@ -169,3 +173,12 @@ class GroupRunner:
         metrics["timings"] = {k: round(v, 4) for k, v in took.items()}
         rows.append(("metrics", -1, batch, 0, "", dumps(metrics)))
         return pd.DataFrame(rows, columns=_COLUMNS), pending_out
+
+
+def conflict(stale: StaleHeads) -> BaseException:
+    """What an attempt that read every head afresh and still lost raises: the commit
+    conflict behind it (another attempt committed first; Spark's retry adopts it)."""
+    cause = stale.__cause__
+    if isinstance(cause, CommitConflictError):
+        return cause
+    return CommitConflictError(str(stale))

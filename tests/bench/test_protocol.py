@@ -166,6 +166,11 @@ def test_a_seeded_slice_of_head_commits_has_no_violations(aws):
                    ["run", 0, 0, 2], ["run", 0, 1, 1], ["record", 0], ["run", 0, 1, 2],
                    ["run", 0, 0, 1], ["run", 0, 1, 1], ["record", 0], ["run", 0, 0, 1],
                    ["twin", 0, 1, 2, 1], ["record", 0]]),
+        # a zombie's retry on fresh heads lost its chain position to the batch's other
+        # attempt: the runner let its internal StaleHeads out instead of the conflict
+        (23, 320, [["start", 2], ["run", 0, 0, 1], ["run", 0, 1, 0], ["record", 0],
+                   ["run", 0, 0, 2], ["run", 0, 1, 1], ["run", 0, 0, 1], ["record", 0],
+                   ["zombie", 0, 0, 2], ["run", 0, 0, 1]]),
     ],
 )  # fmt: skip
 def test_the_violations_found_on_the_chain_path_replay_clean(aws, seed, run, steps):
