@@ -61,7 +61,7 @@ def is_late(event_ms: int, watermark_ms: int) -> bool:
 def _in_range(ms: int, what: str) -> tuple[int | None, str | None]:
     if MIN_MS <= ms <= MAX_MS:
         return ms, None
-    return None, f"{what} is {ms} ms, outside 1677-09-22 to 2262-04-11"
+    return None, f"{what} is {str(ms)[:24]} ms, outside 1677-09-22 to 2262-04-11"
 
 
 def to_epoch_ms(value: Any, what: str) -> tuple[int | None, str | None]:
@@ -74,6 +74,8 @@ def to_epoch_ms(value: Any, what: str) -> tuple[int | None, str | None]:
     if isinstance(value, float):
         if not math.isfinite(value) or not value.is_integer():
             return None, f"{what} is {value!r}, not whole epoch milliseconds"
+        if not MIN_MS <= value <= MAX_MS:
+            return None, f"{what} is {value!r} ms, outside 1677-09-22 to 2262-04-11"
         return _in_range(int(value), what)
     if isinstance(value, datetime):
         at = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
