@@ -223,19 +223,40 @@ def pack_environment(
 ) -> Path:
     """Build shardless's wheel from `project`, a fresh virtual environment with it and its
     run-time dependencies at the versions installed here (PySpark left out), and pack it
-    with venv-pack into `output` (`.tar.gz`): what `--archives output#environment` ships."""
+    with venv-pack into `output` (`.tar.gz`): what `--archives output#environment` ships.
+
+    The wheel is built while the environment is made and its dependencies installed, by
+    this interpreter's pip (`pip --python`: the environment needs no pip of its own)."""
     import venv_pack
 
     work.mkdir(parents=True, exist_ok=True)
     dist, env = work / "dist", work / "env"
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(project), "-w", str(dist)])
+    building = _start([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(project),
+                       "-w", str(dist)])  # fmt: skip
+    try:
+        _run([sys.executable, "-m", "venv", "--without-pip", str(env)])
+        pip = [sys.executable, "-m", "pip", "--python", str(env / "bin" / "python"), "install"]
+        _run([*pip, "-q", *runtime_requirements()])
+    finally:
+        _finish(building)
     (wheel,) = dist.glob("shardless-*.whl")
-    _run([sys.executable, "-m", "venv", str(env)])
-    pip = [str(env / "bin" / "python"), "-m", "pip", "install", "-q"]
-    _run([*pip, "--no-deps", str(wheel)])
-    _run([*pip, *runtime_requirements()])
+    _run([*pip, "-q", "--no-deps", str(wheel)])
     venv_pack.pack(prefix=str(env), output=str(output), force=True, compress_level=compress_level)
     return output
+
+
+def _start(cmd: list[str]) -> tuple[list[str], subprocess.Popen[str]]:
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL
+    )
+    return cmd, proc
+
+
+def _finish(started: tuple[list[str], subprocess.Popen[str]]) -> None:
+    cmd, proc = started
+    _, err = proc.communicate()
+    if proc.returncode != 0:
+        raise ClusterError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err[-3000:]}")
 
 
 def _run(cmd: list[str]) -> None:

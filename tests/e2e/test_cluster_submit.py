@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import random
 import shutil
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -70,14 +72,12 @@ def test_a_job_submitted_to_a_standalone_cluster_survives_a_lost_worker_exactly_
     kinesis, make_stream, location: AppLocation, tmp_path: Path
 ) -> None:
     stream = make_stream(2)
-    events.produce(kinesis, stream, 0, EVENTS, USERS, random.Random(31))
-    archive = cluster.pack_environment(tmp_path / "env.tar.gz", tmp_path / "pack", compress_level=1)
     cfg = job_config(location, (stream,), tmp_path, groups=4, local_dir="stores")
-    out_dir = tmp_path / "outputs"
+    archive, pack, out_dir = tmp_path / "env.tar.gz", tmp_path / "pack", tmp_path / "outputs"
     launcher = tmp_path / "shardless_main.py"
     launcher.write_text(LAUNCHER)
     # the driver's ./environment (module docstring)
-    (tmp_path / "environment").symlink_to(tmp_path / "pack" / "env")
+    (tmp_path / "environment").symlink_to(pack / "env")
     args = [
         str(APP_FILE),
         "--app", cfg.app,
@@ -91,7 +91,11 @@ def test_a_job_submitted_to_a_standalone_cluster_survives_a_lost_worker_exactly_
         "--max-records-per-shard", "150",
     ]  # fmt: skip
 
-    spark = cluster.start(tmp_path / "cluster")
+    # the environment is packed while the stream is filled and the cluster starts
+    with ThreadPoolExecutor(1) as pool:
+        packing = pool.submit(cluster.pack_environment, archive, pack, compress_level=1)
+        events.produce(kinesis, stream, 0, EVENTS, USERS, random.Random(31))
+        spark = cluster.start(tmp_path / "cluster")
     driver = Driver(
         args,
         cluster.cluster_env(),
@@ -100,6 +104,7 @@ def test_a_job_submitted_to_a_standalone_cluster_survives_a_lost_worker_exactly_
         cwd=tmp_path,
     )
     try:
+        packing.result()  # raises what failed
         driver.start()
         assert driver.wait_for_batch(0, TIMEOUT_S), driver.tail(40)
         running = [i for i in range(len(spark.workers)) if spark.executors(i)]
@@ -124,6 +129,12 @@ def test_a_job_submitted_to_a_standalone_cluster_survives_a_lost_worker_exactly_
     problems, total = check.verify(kinesis, cfg, stream, str(out_dir), processed)
     assert total == EVENTS
     assert problems == []
-    # about 1.5 GB of unpacked environments; the logs stay
-    for unpacked in [tmp_path / "pack", *(tmp_path / "cluster").glob("worker-*/work")]:
-        shutil.rmtree(unpacked, ignore_errors=True)
+    # about 1.5 GB of unpacked environments, removed while the next tests run (tens of
+    # seconds on a slow disk; not a daemon thread: Python waits for it at exit); the logs stay
+    unpacked = [pack, *(tmp_path / "cluster").glob("worker-*/work")]
+    threading.Thread(target=_remove, args=(unpacked,), name="remove-environments").start()
+
+
+def _remove(folders: list[Path]) -> None:
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
