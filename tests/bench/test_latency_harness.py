@@ -256,7 +256,7 @@ def test_quick_run_reports_every_figure(tmp_path: Path) -> None:
     """The whole benchmark, short: the job drains a backlog, runs three load phases, loses
     an executor and is restarted; every record put comes out exactly once."""
     plan = latency.Plan(
-        backlog=30_000, phase_s=8.0, settle_s=2.0, pre_kill_s=8.0, recovery_limit_s=30.0
+        backlog=30_000, phase_s=5.0, settle_s=1.5, pre_kill_s=5.0, recovery_limit_s=30.0
     )
     from shardless.processor.local import emulators as local_aws
 
