@@ -8,19 +8,16 @@ wake-up row, which never moves the watermark), `event_time_ms` (what the handler
 `event.event_time_ms`) and `event_time_error` (why a record has none). A job that names no
 event time has none of this: its watermark follows the arrival time, at no cost per record.
 
-`EventTimeRunner` adds each group's count of late records to its metrics row
-(`late_records`), counted from its rows and the batch's watermark with the same rule as
-`run_slice` (`shardless.processor.runtime.records.late_records`).
+Each group's metrics row counts its late records (`late_records`, summed from
+`run_slice`'s results by the attempt).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterator
 from typing import Any
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
@@ -29,11 +26,9 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType, Tim
 from shardless.processor.api.context import Event
 from shardless.processor.api.event_time import EventTimeChoice
 from shardless.processor.api.handlers import HandlerFactory
-from shardless.processor.runtime.config import Pending, RuntimeConfig
-from shardless.processor.runtime.group_runner import GroupRunner
-from shardless.processor.runtime.records import late_records
+from shardless.processor.runtime.config import RuntimeConfig
 
-__all__ = ["EVENT_TIME_COLUMNS", "EventTimeRunner", "EventTimeStep", "chosen", "timed"]
+__all__ = ["EVENT_TIME_COLUMNS", "EventTimeStep", "chosen", "timed"]
 
 # The columns that cross into Python: the handler's `event_time_ms` and why there is none,
 # and `event_time` because Spark gives the group function a watermark only when its input
@@ -115,29 +110,3 @@ def event_time_config(config: RuntimeConfig, on_late: str) -> RuntimeConfig:
     """`config` for a job whose records carry an event time: late records are judged."""
     policy = dataclasses.replace(config.policy, event_time=True, on_late=on_late)
     return dataclasses.replace(config, policy=policy)
-
-
-class EventTimeRunner(GroupRunner):
-    """The group runner of a job that names an event time: its metrics rows also say how
-    many of the group's records were late (`late_records`)."""
-
-    def run(
-        self,
-        group: int,
-        query: str,
-        batch: int,
-        pdf: pd.DataFrame | None,
-        pending: Pending | None = None,
-        now_ms: int | None = None,
-        watermark_ms: int = -1,
-        timings: dict[str, float] | None = None,
-    ) -> tuple[pd.DataFrame, Pending]:
-        out, pending_out = super().run(
-            group, query, batch, pdf, pending, now_ms, watermark_ms, timings
-        )
-        last = len(out) - 1  # the group's metrics row comes last
-        assert out.at[last, "kind"] == "metrics"
-        metrics = json.loads(out.at[last, "value"])
-        metrics["late_records"] = late_records(pdf, watermark_ms)
-        out.at[last, "value"] = json.dumps(metrics)
-        return out, pending_out

@@ -239,9 +239,7 @@ def outputs(spark: SparkSession, handlers: HandlerFactory, cfg: JobConfig) -> Da
     else:  # the watermark follows the records' own event time
         records = event_time.timed(records, timed)
         columns = (*columns, *event_time.EVENT_TIME_COLUMNS)
-        runner = event_time.EventTimeRunner(
-            handlers, event_time.event_time_config(runtime, cfg.on_late)
-        )
+        runner = GroupRunner(handlers, event_time.event_time_config(runtime, cfg.on_late))
         plan = group_plan(records, cfg, partitions, runner, columns, watermark="event_time")
         log.info("application %r: event time is the %s", cfg.app, timed.describe())
     return metrics.observe_batch(plan)

@@ -86,12 +86,3 @@ def _timed(found: GroupInput, pdf: pd.DataFrame, order: np.ndarray) -> GroupInpu
         else:
             event.timed(int(at), None)
     return found
-
-
-def late_records(pdf: pd.DataFrame | None, watermark_ms: int) -> int:
-    """How many of the rows are records with an event time at or before the watermark
-    (`shardless.processor.api.event_time.is_late`): what `run_slice` counts as late."""
-    if pdf is None or watermark_ms < 0 or "event_time_ms" not in pdf.columns:
-        return 0
-    timed = pdf["data"].notna() & pdf["event_time_error"].isna()
-    return int((timed & (pdf["event_time_ms"] <= watermark_ms)).sum())
