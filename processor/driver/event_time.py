@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -26,6 +25,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType, Tim
 from shardless.processor.api.context import Event
 from shardless.processor.api.event_time import EventTimeChoice
 from shardless.processor.api.handlers import HandlerFactory
+from shardless.processor.driver.keys import Arrivals
 from shardless.processor.runtime.config import RuntimeConfig
 
 __all__ = ["EVENT_TIME_COLUMNS", "EventTimeStep", "chosen", "timed"]
@@ -59,16 +59,6 @@ def timed(records: DataFrame, choice: EventTimeChoice) -> DataFrame:
     return records.mapInArrow(EventTimeStep(choice), schema)
 
 
-class _Arrivals:
-    """A column of arrival times read one row at a time, when a function asks."""
-
-    def __init__(self, column: pa.Array) -> None:
-        self.column = column
-
-    def __getitem__(self, row: int) -> Any:
-        return self.column[row].as_py()
-
-
 class EventTimeStep:
     """The `mapInArrow` function that reads each record's event time (for a function: an
     `Event` whose `key` is its partition key)."""
@@ -83,7 +73,7 @@ class EventTimeStep:
                 name: batch.column(name).to_pylist()
                 for name in ("stream", "shard", "sequence_number", "subsequence", "partition_key")
             }
-            arrivals = _Arrivals(batch.column("arrival"))
+            arrivals = Arrivals(batch.column("arrival"))
             found: list[int] = []
             errors: list[str | None] = []
             for i, raw in enumerate(batch.column("data").to_pylist()):
