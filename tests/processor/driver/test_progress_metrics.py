@@ -286,3 +286,8 @@ def test_shardless_run_leaves_the_spark_ui_on_and_takes_a_metrics_port(monkeypat
     assert sessions and sessions[0].get("ui", True) is True
     assert seen[0].metrics_port == 9464 and seen[0].metrics_host == "0.0.0.0"
     assert cli.main(args) == 0 and seen[1].metrics_port == 0  # off by default
+
+
+def test_the_endpoint_serves_every_figure_of_the_batch() -> None:
+    """A figure added to the batch's metrics and not to the endpoint is a blind counter."""
+    assert set(prometheus._FIGURES) == set(FIGURES)
