@@ -96,9 +96,8 @@ def _field_key(records: DataFrame, path: str) -> DataFrame:
     )
 
 
-class Arrivals:
-    """A column of arrival times read one row at a time, when a key or event-time function
-    asks."""
+class _Arrivals:
+    """A column of arrival times read one row at a time, when a key function asks."""
 
     def __init__(self, column: pa.Array) -> None:
         self.column = column
@@ -122,7 +121,7 @@ class KeyFunctionStep:
                 for name in ("stream", "shard", "sequence_number", "subsequence")
             }
             keys, data = batch.column("partition_key").to_pylist(), batch.column("data")
-            arrivals = Arrivals(batch.column("arrival"))
+            arrivals = _Arrivals(batch.column("arrival"))
             found: list[str | None] = []
             errors: list[str | None] = []
             for i, raw in enumerate(data.to_pylist()):
