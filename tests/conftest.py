@@ -159,3 +159,15 @@ def in_process_moto() -> Callable[[str], list[str]]:
         return out.stdout.split()
 
     return run
+
+
+@pytest.fixture
+def sts(aws: local_aws.LocalAws, monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """STS at the suite's moto server (`aws` exports S3's and DynamoDB's endpoints only); every
+    role variable unset for shardless, and restored after the test."""
+    from tests.jobs import ROLE_VARIABLES
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_STS", aws.s3_endpoint)
+    for name in ROLE_VARIABLES:
+        monkeypatch.setenv(name, "")
+    return monkeypatch

@@ -8,6 +8,13 @@ from typing import Any
 from shardless.changelog.layout import AppLocation
 from shardless.processor.driver.config import JobConfig
 
+# The variables that carry the source's and the state's roles to every process.
+ROLE_VARIABLES = [
+    f"SHARDLESS_{side}_ROLE_{part}"
+    for side in ("STATE", "SOURCE")
+    for part in ("ARN", "EXTERNAL_ID", "SESSION_NAME")
+]
+
 
 def job_config(
     location: AppLocation,

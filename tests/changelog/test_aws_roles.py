@@ -22,21 +22,6 @@ from shardless.changelog import aws, resources
 from shardless.changelog.layout import AppLocation
 
 STATE_ACCOUNT = "111111111111"
-VARIABLES = [
-    f"SHARDLESS_{side}_ROLE_{part}"
-    for side in ("STATE", "SOURCE")
-    for part in ("ARN", "EXTERNAL_ID", "SESSION_NAME")
-]
-
-
-@pytest.fixture
-def sts(aws, monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:  # noqa: ANN001
-    """STS at the moto server the suite runs (the fixture exports S3's and DynamoDB's endpoints
-    only); every role variable restored after the test."""
-    monkeypatch.setenv("AWS_ENDPOINT_URL_STS", aws.s3_endpoint)
-    for name in VARIABLES:
-        monkeypatch.setenv(name, "")  # unset for shardless, and removed again afterwards
-    return monkeypatch
 
 
 def role_arn(name: str, account: str = STATE_ACCOUNT) -> str:

@@ -10,22 +10,14 @@ import uuid
 
 import pytest
 
-from shardless.changelog.layout import AppLocation
-from shardless.processor.kinesis import positions, reader
-from shardless.processor.kinesis.batch_log import BatchLog
+from shardless.processor.kinesis import positions
 from shardless.processor.kinesis.reader import read_shard
 from shardless.processor.kinesis.source import kinesis_client
-from tests.processor.kinesis.test_kinesis_reader import got, only_shard, shard_read
-
-
-@pytest.fixture
-def no_pacing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(reader, "MIN_CALL_INTERVAL_S", 0)
-
-
-@pytest.fixture
-def batch_log(location: AppLocation) -> BatchLog:
-    return BatchLog(location.table)
+from tests.processor.kinesis.test_kinesis_reader import (
+    got,
+    only_shard,
+    shard_read,
+)
 
 
 def put_slowly(kinesis, stream: str, count: int) -> list[tuple[str, bytes, int]]:  # noqa: ANN001

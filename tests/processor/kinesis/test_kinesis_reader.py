@@ -14,7 +14,6 @@ from collections.abc import Callable
 
 import pytest
 
-from shardless.changelog.layout import AppLocation
 from shardless.processor.errors import SourceError
 from shardless.processor.kinesis import positions, reader
 from shardless.processor.kinesis.batch_log import BatchLog
@@ -24,17 +23,6 @@ from shardless.processor.kinesis.source import kinesis_client
 
 TRIM_HORIZON = {"type": "TRIM_HORIZON"}
 MAX_BYTES = 10 * 1024 * 1024
-
-
-@pytest.fixture
-def no_pacing(monkeypatch: pytest.MonkeyPatch) -> None:
-    """GetRecords pacing is proven once, below; elsewhere it only slows the tests down."""
-    monkeypatch.setattr(reader, "MIN_CALL_INTERVAL_S", 0)
-
-
-@pytest.fixture
-def batch_log(location: AppLocation) -> BatchLog:
-    return BatchLog(location.table)
 
 
 def only_shard(kinesis, stream: str) -> str:  # noqa: ANN001

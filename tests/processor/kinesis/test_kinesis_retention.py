@@ -119,11 +119,6 @@ def kinesalite_clock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Movab
         proc.wait(timeout=10)
 
 
-@pytest.fixture
-def no_pacing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(reader, "MIN_CALL_INTERVAL_S", 0)
-
-
 def produce(kinesis, stream: str, tags: list[str]) -> list[str]:  # noqa: ANN001
     out = kinesis.put_records(
         StreamName=stream, Records=[{"Data": t.encode(), "PartitionKey": t} for t in tags]

@@ -128,11 +128,6 @@ def test_unknown_fields_and_tags_are_skipped() -> None:
 # --- through the reader on kinesalite ------------------------------------------------------
 
 
-@pytest.fixture
-def no_pacing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(reader, "MIN_CALL_INTERVAL_S", 0)
-
-
 def one_shard_read(kinesis, stream: str, on_corrupt: str = "fail") -> ShardRead:  # noqa: ANN001
     (shard,) = kinesis.list_shards(StreamName=stream)["Shards"]
     return ShardRead(

@@ -27,33 +27,15 @@ from shardless.processor import cli
 from shardless.processor.driver.config import JobConfig
 from shardless.processor.errors import ConfigError
 from shardless.processor.kinesis.client import kinesis_client, source_role
-from tests.jobs import capture_cli_starts
+from tests.changelog.test_aws_roles import STATE_ACCOUNT, role_arn
+from tests.jobs import ROLE_VARIABLES, capture_cli_starts
 
 STREAM_ACCOUNT = "222222222222"
-STATE_ACCOUNT = "111111111111"
-ROLE_VARIABLES = [
-    f"SHARDLESS_{side}_ROLE_{part}"
-    for side in ("STATE", "SOURCE")
-    for part in ("ARN", "EXTERNAL_ID", "SESSION_NAME")
-]
-
-
-@pytest.fixture
-def sts(aws, monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:  # noqa: ANN001
-    """STS at the suite's moto server; every role variable restored after the test."""
-    monkeypatch.setenv("AWS_ENDPOINT_URL_STS", aws.s3_endpoint)
-    for name in ROLE_VARIABLES:
-        monkeypatch.setenv(name, "")  # unset for shardless, and removed again afterwards
-    return monkeypatch
-
-
-def arn(name: str, account: str) -> str:
-    return f"arn:aws:iam::{account}:role/{name}-{uuid.uuid4().hex[:8]}"
 
 
 def in_account(account: str) -> boto3.session.Session:
     """A session signing as some role of `account` (another role than the job's)."""
-    return clients.role_session(clients.Role(arn("setup", account)))
+    return clients.role_session(clients.Role(role_arn("setup", account)))
 
 
 def streams_of(session: boto3.session.Session, endpoint: str) -> list[str]:
@@ -66,8 +48,8 @@ def tables_of(session: boto3.session.Session) -> list[str]:
 
 def test_the_source_reads_as_its_role_and_the_state_as_its_own(sts, aws):  # noqa: ANN001
     moto = aws.s3_endpoint
-    sts.setenv("SHARDLESS_SOURCE_ROLE_ARN", arn("reader", STREAM_ACCOUNT))
-    sts.setenv("SHARDLESS_STATE_ROLE_ARN", arn("state", STATE_ACCOUNT))
+    sts.setenv("SHARDLESS_SOURCE_ROLE_ARN", role_arn("reader", STREAM_ACCOUNT))
+    sts.setenv("SHARDLESS_STATE_ROLE_ARN", role_arn("state", STATE_ACCOUNT))
     stream, table = f"s-{uuid.uuid4().hex[:8]}", f"t-{uuid.uuid4().hex[:8]}"
 
     source = kinesis_client(moto)
@@ -95,7 +77,7 @@ def test_roles_come_from_flags_variables_and_the_config_file(sts, tmp_path, monk
     app.write_text("def process(event, ctx):\n    pass\n")
     toml = tmp_path / "job.toml"
     toml.write_text('source_role_external_id = "ext-from-file"\n')
-    reader, state = arn("reader", STREAM_ACCOUNT), arn("state", STATE_ACCOUNT)
+    reader, state = role_arn("reader", STREAM_ACCOUNT), role_arn("state", STATE_ACCOUNT)
     sts.setenv("SHARDLESS_STATE_ROLE_ARN", state)
     sts.setenv("SHARDLESS_STATE_ROLE_SESSION_NAME", "nightly")
     argv = ["run", str(app), "--app", "orders", "--stream", "s", "--checkpoint", str(tmp_path)]
@@ -212,8 +194,8 @@ def test_a_job_reads_a_stream_in_one_account_and_keeps_its_state_in_another(
         groups=4,
         local_dir=str(tmp_path / "stores"),
         kinesis_endpoint=moto,
-        source_role_arn=arn("reader", STREAM_ACCOUNT),
-        state_role_arn=arn("state", STATE_ACCOUNT),
+        source_role_arn=role_arn("reader", STREAM_ACCOUNT),
+        state_role_arn=role_arn("state", STATE_ACCOUNT),
         state_role_external_id="shardless-test",
     )
     out = tmp_path / "out"
@@ -281,9 +263,9 @@ def test_shardless_run_with_role_flags_reads_and_commits_across_accounts(sts, aw
             "--kinesis-endpoint",
             aws.s3_endpoint,
             "--source-role-arn",
-            arn("reader", STREAM_ACCOUNT),
+            role_arn("reader", STREAM_ACCOUNT),
             "--state-role-arn",
-            arn("state", STATE_ACCOUNT),
+            role_arn("state", STATE_ACCOUNT),
         ],  # fmt: skip
         env=env,
         capture_output=True,
