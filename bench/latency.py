@@ -1,6 +1,6 @@
 """Put-to-output latency and recovery time: `python -m bench.latency --json`.
 
-One `shardless run` job with its defaults (256 slices, chains, group owner `worker`), a
+One `shardless run` job with its defaults (256 slices, chains, `--group-owner auto`), a
 1-second trigger and the Kinesis source, on `local-cluster[2,1,1024]` against kinesalite
 and moto, runs `bench/latency_app.py`: every record carries the producer's wall clock at
 its put, and the `foreach_batch` sink notes when each batch's outputs reached the driver

@@ -12,9 +12,10 @@ again in batches of `--also-batch` records (200,000; the first run's `--batch` i
 Contenders, each counting records per key:
   shardless                        the counter handler (one get, one set per record), with
                                    durable commits to moto server (S3, DynamoDB) per batch,
-                                   groups run by owner processes (--group-owner process)
+                                   in the default configuration (--group-owner auto: owner
+                                   processes, as local[2] runs two tasks at once)
   shardless_worker_stores          the same, groups run by the Python worker Spark hands
-                                   them (--group-owner worker, the product's default)
+                                   them (--group-owner worker)
   shardless_few_slices             the shardless contender with --few-slices (32) slices
                                    instead of the default 256
   apply_in_pandas_with_state       grouped by key, state = the count
@@ -55,6 +56,7 @@ import pyarrow.parquet as pq
 
 from bench.state_loop import ZIPF_S, key_ids
 from shardless.processor.api.context import Context, Event
+from shardless.processor.driver import placement
 from shardless.processor.runtime.group_runner import GroupRunner
 from shardless.processor.runtime.records import GroupInput, prepare
 
@@ -255,7 +257,7 @@ def query_for(
     app: str,
     local_dir: str,
     slices: int = SLICES,
-    group_owner: str = "process",
+    group_owner: str = "auto",
 ) -> Any:
     """The streaming DataFrame each contender runs over the source `src`."""
     from pyspark.sql.streaming.state import GroupStateTimeout
@@ -282,6 +284,7 @@ def query_for(
     from shardless.processor.driver.config import JobConfig
     from shardless.processor.driver.job import (
         RECORD_COLUMNS,
+        group_owner_for,
         group_plan,
         partitions_for,
         runtime_config,
@@ -304,7 +307,8 @@ def query_for(
     partitions, _ = partitions_for(spark, cfg)
     # the floor: the same plan, built with FloorRunner where the runtime would be
     runner = FloorRunner if contender == "python_floor" else FileFedRunner
-    group_function = runner(HandlerFactory(counter), runtime_config(cfg, partitions))
+    owner = group_owner_for(spark, cfg).owner
+    group_function = runner(HandlerFactory(counter), runtime_config(cfg, partitions, owner))
     columns = tuple(c for c in RECORD_COLUMNS if c in records.columns)
     return group_plan(records, cfg, partitions, group_function, columns)
 
@@ -414,7 +418,7 @@ def run(
     tmp: Path,
     moto: int | None,
     slices: int = SLICES,
-    group_owner: str = "process",
+    group_owner: str = "auto",
 ) -> Run:
     """Run `contender` over the first `batches` files of `w` and check every batch."""
     from pyspark.sql import functions as F
@@ -742,10 +746,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument(
         "--group-owner",
-        choices=("worker", "process"),
-        default="process",
-        help="who runs the shardless contender's groups (shardless_worker_stores: always "
-        "the worker)",
+        choices=("auto", "worker", "process"),
+        default="auto",
+        help="who runs the shardless contender's groups (the product's default, auto: owner "
+        "processes under local[2]; shardless_worker_stores: always the worker)",
     )
     parser.add_argument(
         "--profile",
@@ -805,6 +809,9 @@ def main(argv: list[str] | None = None) -> None:
         "slices": args.slices,
         "few_slices": args.few_slices,
         "group_owner": args.group_owner,
+        "group_owner_chosen": placement.choose_group_owner(
+            args.group_owner, placement.tasks_per_executor(args.master, {})
+        ).owner,
         "zipf_s": ZIPF_S,
         "source": "Parquet files, one per micro-batch (maxFilesPerTrigger=1), availableNow",
         "sink": "foreachBatch: one checking action per batch",

@@ -32,6 +32,10 @@ def job_config(
         "slices": 16,
         "groups": 4,
         "local_dir": str(tmp_path / "stores"),
+        # `auto` (the default) runs owner processes under the suite's local[2]: 4 more
+        # processes to start per job, about a fifth more time per Spark test. The suite
+        # runs the worker path; tests/processor/runtime/test_group_owner.py runs `auto`.
+        "group_owner": "worker",
     }
     return JobConfig(**(defaults | fields))
 

@@ -28,7 +28,7 @@ from shardless.state.slices import DEFAULT_SLICES, check_slices
 
 VALUE_FORMATS = ("msgpack", "json", "raw", "pickle")
 SNAPSHOT_UPLOADS = ("worker", "helper")
-GROUP_OWNERS = ("worker", "process")
+GROUP_OWNERS = ("auto", "worker", "process")
 COMMIT_FORMATS = ("heads", "chains")
 
 
@@ -177,11 +177,12 @@ class JobConfig:
         ),
     )
     group_owner: str = flag(
-        "worker",
+        "auto",
         help=(
-            "who runs a group's batches and keeps its stores: the Python worker Spark hands it "
-            "(default), or one owner process per group and host (Linux), so that groups stay put "
-            "when executors have several cores"
+            "who runs a group's batches and keeps its stores: one owner process per group and "
+            "host (Linux), so that groups stay put when executors run several tasks at once, or "
+            "the Python worker Spark hands it; auto (default): process where executors run "
+            "several tasks at once on Linux, else worker"
         ),
         choices=GROUP_OWNERS,
     )
@@ -287,11 +288,12 @@ class JobConfig:
                 "process that runs the group upload snapshots, the default) or helper (the "
                 "worker's helper process does)"
             )
-        if self.group_owner not in ("worker", "process"):
+        if self.group_owner not in GROUP_OWNERS:
             raise ConfigError(
-                f"--group-owner {self.group_owner!r}: use worker (the Python worker Spark hands "
-                "the group runs it, the default) or process (one owner process per group and "
-                "host)"
+                f"--group-owner {self.group_owner!r}: use auto (the default: process where "
+                "executors run several tasks at once on Linux, else worker), worker (the Python "
+                "worker Spark hands the group runs it) or process (one owner process per group "
+                "and host)"
             )
         if self.group_owner == "process":
             check_supported()

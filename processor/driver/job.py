@@ -21,7 +21,7 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 from shardless.changelog import aws, resources
 from shardless.changelog.errors import ConfigurationError
 from shardless.processor.api.handlers import HandlerFactory
-from shardless.processor.driver import heartbeat, keys, metrics, typed_outputs
+from shardless.processor.driver import heartbeat, keys, metrics, placement, typed_outputs
 from shardless.processor.driver.config import JobConfig
 from shardless.processor.driver.imports import check_import_done
 from shardless.processor.errors import ConfigError
@@ -148,8 +148,24 @@ def partitions_for(spark: SparkSession, cfg: JobConfig) -> tuple[int, tuple[int,
     return partitions, layout
 
 
-def runtime_config(cfg: JobConfig, partitions: int) -> RuntimeConfig:
-    """What the group runner on the executors needs of the job's configuration."""
+def group_owner_for(spark: SparkSession, cfg: JobConfig) -> placement.OwnerChoice:
+    """The group owner the job runs with on this session's executors (`--group-owner auto`
+    chooses by how many tasks an executor runs at once: `shardless.processor.driver.placement`)."""
+    sc = spark.sparkContext
+    conf = dict(sc.getConf().getAll())
+    return placement.choose_group_owner(
+        cfg.group_owner, placement.tasks_per_executor(sc.master, conf)
+    )
+
+
+def runtime_config(
+    cfg: JobConfig, partitions: int, group_owner: str | None = None
+) -> RuntimeConfig:
+    """What the group runner on the executors needs of the job's configuration;
+    `group_owner` is the owner chosen for `--group-owner auto` (`group_owner_for`)."""
+    owner = group_owner or cfg.group_owner
+    if owner not in ("worker", "process"):
+        raise ValueError(f"group owner {owner!r}: resolve --group-owner auto first")
     return RuntimeConfig(
         location=cfg.location,
         slices=cfg.slices,
@@ -162,7 +178,7 @@ def runtime_config(cfg: JobConfig, partitions: int) -> RuntimeConfig:
         keep_snapshots=cfg.keep_snapshots,
         transfer_process_bytes=int(cfg.transfer_process_mb * 1024 * 1024),
         snapshot_uploads=cfg.snapshot_uploads,
-        group_owner=cfg.group_owner,
+        group_owner=owner,
         owner_idle_seconds=cfg.owner_idle_seconds,
         commit_format=cfg.commit_format,
         chain_length=cfg.chain_length or None,
@@ -223,7 +239,15 @@ def outputs(spark: SparkSession, handlers: HandlerFactory, cfg: JobConfig) -> Da
         columns = (*RECORD_COLUMNS, *keys.KEY_COLUMNS)
         log.info("application %r: state is keyed by the %s", cfg.app, choice.describe())
     handlers, _ = typed_outputs.declared(handlers, cfg.app)  # checked where emitted
-    runner = GroupRunner(handlers, runtime_config(cfg, partitions))
+    owner = group_owner_for(spark, cfg)
+    log.log(
+        logging.WARNING if owner.fallback else logging.INFO,
+        "application %r: groups run in %s processes (%s)",
+        cfg.app,
+        owner.owner,
+        owner.why,
+    )
+    runner = GroupRunner(handlers, runtime_config(cfg, partitions, owner.owner))
     return metrics.observe_batch(group_plan(records, cfg, partitions, runner, columns))
 
 

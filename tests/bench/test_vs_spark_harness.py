@@ -18,6 +18,7 @@ from shardless.processor.api.handlers import HandlerFactory
 from shardless.processor.driver.config import JobConfig
 from shardless.processor.driver.job import (
     RECORD_COLUMNS,
+    group_owner_for,
     group_plan,
     partitions_for,
     runtime_config,
@@ -70,7 +71,10 @@ def test_file_fed_outputs_count_each_key_in_stream_order(spark, location, tmp_pa
     cfg = JobConfig(app=location.app, streams=("files",), checkpoint="", slices=16,
                     groups=groups, local_dir=str(tmp_path / "stores"))  # fmt: skip
     partitions, _ = partitions_for(spark, cfg)
-    runner = vs_spark.FileFedRunner(HandlerFactory(emit_count), runtime_config(cfg, partitions))
+    owner = group_owner_for(spark, cfg).owner
+    runner = vs_spark.FileFedRunner(
+        HandlerFactory(emit_count), runtime_config(cfg, partitions, owner)
+    )
     records = vs_spark.as_records(src, 16)
     columns = tuple(c for c in RECORD_COLUMNS if c in records.columns)
     df = group_plan(records, cfg, partitions, runner, columns)

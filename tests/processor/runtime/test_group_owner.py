@@ -226,7 +226,7 @@ def test_an_owner_that_cannot_start_names_its_log(location, tmp_path, monkeypatc
 
 def test_group_owner_settings_are_checked():
     base = {"app": "a", "streams": ("s",), "checkpoint": "/tmp/unused"}
-    with pytest.raises(ConfigError, match="--group-owner 'host': use worker"):
+    with pytest.raises(ConfigError, match="--group-owner 'host': use auto"):
         JobConfig(**base, group_owner="host")
     with pytest.raises(ConfigError, match="--owner-idle-seconds 0: must be between 1"):
         JobConfig(**base, group_owner="process", owner_idle_seconds=0)
@@ -237,17 +237,15 @@ def test_group_owner_settings_are_checked():
 def test_under_local_2_each_group_stays_in_its_owner_and_outputs_equal_the_fold(
     spark, kinesis, make_stream, location, tmp_path
 ):
-    """Spark `local[2]` hands groups to either Python worker; with owner processes each
-    group runs in the same process every batch, catches nothing up, and the outputs are
-    the plain fold's."""
+    """Spark `local[2]` hands groups to either Python worker; the default `--group-owner
+    auto` runs owner processes there, so each group runs in the same process every batch,
+    catches nothing up, and the outputs are the plain fold's."""
     from shardless.processor.local import demo
     from tests.e2e.test_end_to_end import produce, run_job
     from tests.jobs import job_config
 
     stream = make_stream(2)
-    cfg = job_config(
-        location, (stream,), tmp_path, max_records_per_shard=150, group_owner="process"
-    )
+    cfg = job_config(location, (stream,), tmp_path, max_records_per_shard=150, group_owner="auto")
     produce(kinesis, stream, 1200, seed=5)
     by_group: dict[int, set[int]] = {}
     try:
