@@ -317,6 +317,10 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     plan = Plan(**{**plan.__dict__, **given, "driver_restart": not args.no_driver_restart})
     work = Path(args.work or tempfile.mkdtemp(prefix="shardless-latency-"))
+    if work.is_dir() and any(work.iterdir()):
+        # a used folder holds an earlier run's checkpoint and deliveries: the job would
+        # resume that checkpoint and the check would count that run's outputs too
+        parser.error(f"--work {work}: not empty (an earlier run's files); give a new folder")
     work.mkdir(parents=True, exist_ok=True)
     print(f"bench.latency: working in {work}", file=sys.stderr)
     emulators = local_aws.start("kinesalite", log_dir=work / "local-aws")

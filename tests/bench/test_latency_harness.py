@@ -288,3 +288,12 @@ def test_quick_run_reports_every_figure(tmp_path: Path) -> None:
     assert restart["fault"]["processes"] >= 3 and restart["batches_reported"] > 0
     assert out["recovery_s_driver_restart"] is None or out["recovery_s_driver_restart"] > 0
     assert out["sink_calls"] >= out["batches_delivered"]
+
+
+def test_a_used_work_folder_is_refused_before_anything_starts(tmp_path, capsys) -> None:
+    """An earlier run's checkpoint would be resumed and its deliveries counted again."""
+    (tmp_path / "deliveries.jsonl").write_text("{}\n")
+    with pytest.raises(SystemExit) as stop:
+        latency.main(["--work", str(tmp_path)])
+    assert stop.value.code == 2
+    assert f"--work {tmp_path}: not empty" in capsys.readouterr().err
