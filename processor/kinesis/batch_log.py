@@ -112,6 +112,19 @@ class BatchLog:
         item = out.get("Item")
         return None if item is None else json.loads(item["positions"]["S"])
 
+    def knows(self, run: str) -> bool:
+        """Whether this table holds any record of `run` (a batch's end or positions, or
+        the mark that its records were collected)."""
+        out = self._ddb.query(
+            TableName=self.table,
+            KeyConditionExpression="pk = :pk",
+            ExpressionAttributeValues={":pk": {"S": _pk(run)}},
+            ProjectionExpression="sk",
+            Limit=1,
+            ConsistentRead=True,
+        )
+        return bool(out["Items"])
+
     # -- garbage collection --------------------------------------------------------------
 
     def retire(self, run: str) -> int:

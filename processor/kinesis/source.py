@@ -133,6 +133,7 @@ class KinesisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.gc_every = _int_option(options, "batchLogGcEvery", 100)
         self._collected: int | None = None  # `below` of this process's last collection
         self._positions: dict[tuple[str, int], pos.Positions] = {}
+        self._known_runs: set[str] = set()  # runs whose batches this table records
         self._available_now = False
         self._looked = False
         self._last_probe = 0.0
@@ -278,6 +279,8 @@ class KinesisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 )
         else:
             found = batch_log.positions(run, n)
+            if found is None and not chained and run not in self._known_runs:
+                self._check_known(batch_log, run, n)
         if found is None:
             if chained:  # two batches in a row without stored positions: collected?
                 batch_log.check_not_collected(run, n)
@@ -290,6 +293,21 @@ class KinesisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._positions = {k: v for k, v in self._positions.items() if k[1] >= n - 1}
         self._positions[(run, n)] = found
         return found
+
+    def _check_known(self, batch_log: BatchLog, run: str, n: int) -> None:
+        """Refuse a checkpoint whose run this table has never seen: its offsets name batch
+        n of a run whose batches were recorded elsewhere (another application's table), so
+        going on would read the streams from the start position again, counting what this
+        application's state already holds a second time."""
+        if not batch_log.knows(run):
+            raise SourceError(
+                f"the checkpoint's offsets name batch {n} of source run {run}, but table "
+                f"{self.table} holds no record of that run: the checkpoint was written by "
+                "another application (or this application's table was replaced). Give this "
+                "application its own checkpoint: a NEW checkpoint with "
+                "startingPosition=COMMITTED continues its state where it left off"
+            )
+        self._known_runs.add(run)
 
     # -- executor side -------------------------------------------------------------------
 

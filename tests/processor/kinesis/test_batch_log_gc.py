@@ -125,3 +125,23 @@ def test_a_retired_run_loses_every_record_and_cannot_plan_any_batch(log, locatio
     log.record_end(fresh, 1, SHARDS[0], {"after": "10", "done": False, "count": 1})
     after = source._positions_after({"run": fresh, "n": 1, "initial": TRIM_HORIZON})
     assert after == {SHARDS[0]: {"after": "10", "done": False}}
+
+
+def test_a_checkpoint_of_another_application_is_refused_not_restarted(log, location) -> None:
+    """Offsets naming a run this table never recorded (another application's checkpoint)
+    would otherwise rebuild positions from nothing: the streams read again from the start."""
+    foreign = uuid.uuid4().hex
+    source = KinesisStreamReader({"streams": "s", "table": location.table})
+    with pytest.raises(SourceError, match=rf"batch 70 of source run {foreign}, but table "):
+        source._positions_after({"run": foreign, "n": 70, "initial": TRIM_HORIZON})
+    with pytest.raises(SourceError, match="written by another application"):
+        source.latestOffset({"run": foreign, "n": 70, "initial": TRIM_HORIZON}, None)
+
+    # A run of this table is known once; a new run's first batches build on its start.
+    run = uuid.uuid4().hex
+    log.record_end(run, 1, SHARDS[0], {"after": "10", "done": False, "count": 1})
+    assert source._positions_after({"run": run, "n": 1, "initial": TRIM_HORIZON}) == {
+        SHARDS[0]: {"after": "10", "done": False}
+    }
+    assert run in source._known_runs
+    assert source._positions_after({"run": run, "n": 0, "initial": TRIM_HORIZON}) == {}
