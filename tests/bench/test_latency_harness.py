@@ -255,8 +255,10 @@ def test_batch_seconds_are_those_of_the_batches_asked_for_last_report_wins() -> 
 def test_quick_run_reports_every_figure(tmp_path: Path) -> None:
     """The whole benchmark, short: the job drains a backlog, runs three load phases, loses
     an executor and is restarted; every record put comes out exactly once."""
+    # Recovery is not asserted (None is an answer), so the load after each fault only
+    # needs to outlast the batches that restore the lost slices.
     plan = latency.Plan(
-        backlog=30_000, phase_s=5.0, settle_s=1.5, pre_kill_s=5.0, recovery_limit_s=30.0
+        backlog=20_000, phase_s=5.0, settle_s=1.5, pre_kill_s=5.0, recovery_limit_s=12.0
     )
     from shardless.processor.local import emulators as local_aws
 
@@ -267,7 +269,7 @@ def test_quick_run_reports_every_figure(tmp_path: Path) -> None:
         aws.stop()
     print(json.dumps(out, indent=1))  # shown when an assertion below fails
     assert out["exactly_once"], out["problems"]
-    assert out["records_put"] == out["records_delivered"] > 30_000
+    assert out["records_put"] == out["records_delivered"] > 20_000
     assert out["backlog"]["batches"] >= 2
     assert out["throughput_records_per_s"] > 0
     for pct in ("25pct", "50pct", "75pct"):
