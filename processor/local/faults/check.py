@@ -246,8 +246,10 @@ def commit_attempts(cfg: JobConfig) -> dict[str, int]:
     """How many changelog segments the job wrote, and for how many (batch, group) pairs
     more than one: every attempt that reaches its commit writes its segment before the
     DynamoDB transaction, so several segments of one pair are several attempts of that
-    group's batch that reached the commit (a task retried after a late failure, a
-    zombie, a re-run after a restart); at most one of them is referenced by the heads."""
+    group's batch that reached the commit at once (a task retried after a late failure,
+    a zombie); at most one of them is referenced by the heads. A re-run that finds its
+    batch already committed (after a restart) writes none: it adopts the committed
+    changes (`shardless.processor.runtime.group_chain.adopt`)."""
     loc = cfg.location
     found: Counter[tuple[int, int]] = Counter()
     pages = aws.client("s3").get_paginator("list_objects_v2")
