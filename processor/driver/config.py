@@ -134,8 +134,11 @@ class JobConfig:
         0, help="event time: the watermark trails the latest arrival by this much"
     )
     timer_poll_ms: int = flag(
-        1000,
-        help="while event timers are pending, how often an idle group is called so they can fire",
+        0,
+        help=(
+            "while event timers are pending, call an idle group at most every this many ms "
+            "(default 0: in every batch, so they fire in the first whose watermark passes them)"
+        ),
     )
     value_format: str = flag("msgpack", help="how state values are stored", choices=VALUE_FORMATS)
     snapshot_every: int = flag(32, help="versions between a slice's snapshots")
@@ -268,6 +271,8 @@ class JobConfig:
             )
         if self.allowed_lateness_ms < 0:
             raise ConfigError(f"allowed_lateness_ms {self.allowed_lateness_ms}: must be >= 0")
+        if self.timer_poll_ms < 0:
+            raise ConfigError(f"--timer-poll-ms {self.timer_poll_ms}: must be >= 0 (0: each batch)")
         if not 1 <= self.snapshot_every <= 1000:
             raise ConfigError(
                 f"--snapshot-every {self.snapshot_every}: must be between 1 and 1000 versions "

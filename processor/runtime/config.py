@@ -29,7 +29,9 @@ class RuntimeConfig:
     snapshot_uploads: str = "worker"
     value_format: int = encoding.MSGPACK
     allow_pickle: bool = False
-    timer_poll_ms: int = 1000
+    # while event timers are pending, call an idle group at most every this many ms; 0:
+    # in every batch, so they fire in the first batch whose watermark passes them
+    timer_poll_ms: int = 0
     # the decoder and what to do with records that cannot be decoded or processed
     policy: RecordPolicy = field(default_factory=RecordPolicy)
     # where records set aside go (`shardless.processor.runtime.dead_letter.target`); None: the

@@ -21,9 +21,11 @@ so state counts the input once and the outputs are the same.
 
 Spark's group state holds which slices of the group have pending timers and when they are
 next due; its processing-time timeout makes Spark call the group when no records arrive, so
-timers fire in idle slices too. Each slice's head keeps the same (`Head.next_timer`) as the
-durable index: a new checkpoint, which has no group state, wakes those slices in its first
-batch (`shardless.processor.driver.timer_source`), and from then on Spark's timeout carries them.
+timers fire in idle slices too, in the first batch where they can be due (`wake_after_ms`):
+while an event timer is pending that is every batch, since any batch may move the
+watermark. Each slice's head keeps the same (`Head.next_timer`) as the durable index: a
+new checkpoint, which has no group state, wakes those slices in its first batch
+(`shardless.processor.driver.timer_source`), and from then on Spark's timeout carries them.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from shardless.processor.runtime.process import no_cycle_collection, profiled
 from shardless.processor.runtime.records import GroupInput, prepare
 from shardless.processor.runtime.stores import cache_for
 
-__all__ = ["GroupRunner", "RuntimeConfig", "OUTPUT_SCHEMA", "STATE_SCHEMA"]
+__all__ = ["GroupRunner", "RuntimeConfig", "OUTPUT_SCHEMA", "STATE_SCHEMA", "wake_after_ms"]
 
 log = logging.getLogger(__name__)
 
@@ -91,11 +93,7 @@ class GroupRunner:
         out, pending = run(call)
         if pending:
             state.update((dumps({str(s): v for s, v in pending.items()}),))
-            nexts = [p for p, _ in pending.values() if p is not None]
-            wait = min(nexts) - now_ms if nexts else self.config.timer_poll_ms
-            if any(e is not None for _, e in pending.values()):
-                wait = min(wait, self.config.timer_poll_ms)
-            state.setTimeoutDuration(max(1, wait))
+            state.setTimeoutDuration(wake_after_ms(pending, now_ms, self.config.timer_poll_ms))
         elif state.exists:
             state.remove()
         yield out
@@ -173,6 +171,23 @@ class GroupRunner:
         metrics["timings"] = {k: round(v, 4) for k, v in took.items()}
         rows.append(("metrics", -1, batch, 0, "", dumps(metrics)))
         return pd.DataFrame(rows, columns=_COLUMNS), pending_out
+
+
+def wake_after_ms(pending: Pending, now_ms: int, timer_poll_ms: int = 0) -> int:
+    """The timeout a group with `pending` timers hands Spark (`setTimeoutDuration`, ms
+    after this batch's processing time `now_ms`) so that Spark calls it, records or not, in
+    the first batch where one of them can be due.
+
+    Spark calls a group without records when its timeout is before the batch's processing
+    time, strictly (`timeout < batchTimestampMs`). A processing timer due at P is due in a
+    batch at P, so it asks for P - now - 1. An event timer is due once the watermark passes
+    it, and any batch may move the watermark: it asks for 1 ms, the least Spark takes, so
+    the group is called in every batch (a batch lasts longer than 1 ms), unless
+    `timer_poll_ms` asks to be called at most that often."""
+    waits = [p - now_ms - 1 for p, _ in pending.values() if p is not None]
+    if any(e is not None for _, e in pending.values()):
+        waits.append(timer_poll_ms)
+    return max(1, min(waits, default=1))
 
 
 def conflict(stale: StaleHeads) -> BaseException:
