@@ -14,12 +14,16 @@
 Each `run_batch` is one micro-batch: the queued records in order, then the due timers, then
 a local commit. Processing time is the driver's clock; the watermark is the largest event
 time sent before this batch minus the allowed lateness, as in a Spark job, unless a test
-moves it on with `advance_watermark`. Seeded state goes through the handler API's own
-writes (`Context`), so it is stored, and read back, exactly as a handler's would be.
+moves it on with `advance_watermark`. Event time is each record's arrival time (`send`'s
+`event_time_ms`), or what the app names as its event time (`event_time=`), read from the
+record as a job reads it; late records then go where the policy's `on_late` says. Seeded
+state goes through the handler API's own writes (`Context`), so it is stored, and read
+back, exactly as a handler's would be.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 from collections.abc import Callable
@@ -30,6 +34,7 @@ from typing import Any
 
 from shardless.processor.api.app import load_handler
 from shardless.processor.api.context import Binding, Context, Event, Timer
+from shardless.processor.api.event_time import EventTimeChoice
 from shardless.processor.api.handlers import HandlerFactory
 from shardless.processor.api.keys import KeyChoice
 from shardless.processor.api.policies import RecordPolicy
@@ -58,12 +63,16 @@ class TestDriver:
         directory: str | Path | None = None,
         policy: RecordPolicy | None = None,
         key: str | Callable[[Event], str] | None = None,
+        event_time: str | Callable[[Event], Any] | None = None,
     ) -> None:
         """`policy`: the decoder and error policies of `shardless run` (`--decoder`,
         `--on-decode-error`, `--on-handler-error`, `--handler-retries`); records set aside
         are collected in `dead_letters` instead of being written anywhere. `key`: the key
         the state is bound to, chosen from each record as a job does (a JSON field path, as
-        `--key-field`, or a function); default the app's `key`, else the partition key."""
+        `--key-field`, or a function); default the app's `key`, else the partition key.
+        `event_time`: the records' event time, named as a job names it (a JSON field path,
+        as `--event-time-field`, or a function); default the app's `event_time`, else the
+        arrival time. Late records are counted in `late_records`."""
         if isinstance(handler, HandlerFactory):
             self.factory = handler
         elif isinstance(handler, str | Path):
@@ -73,6 +82,14 @@ class TestDriver:
         self.key_choice = (
             KeyChoice.of_app(key, "TestDriver(key=...)") if key is not None else self.factory.key
         )
+        self.event_time_choice = (
+            EventTimeChoice.of_app(event_time, "TestDriver(event_time=...)")
+            if event_time is not None
+            else getattr(self.factory, "event_time", None)
+        )
+        if self.event_time_choice is not None:
+            policy = dataclasses.replace(policy or RecordPolicy(), event_time=True)
+        self.late_records = 0
         self.slices = slices
         self.now_ms = start_ms
         self.lateness = allowed_lateness_ms
@@ -126,7 +143,8 @@ class TestDriver:
     ) -> None:
         """Queue a record with partition key `key`; dicts and lists are sent as JSON, str as
         UTF-8. `event_time_ms` is its arrival time (default: the processing time), which
-        moves the watermark. With a chosen key, the record's state key is read from it."""
+        moves the watermark unless the app names another event time (read from the record,
+        as a job does). With a chosen key, the record's state key is read from it."""
         if isinstance(data, dict | list):
             data = json.dumps(data).encode()
         elif isinstance(data, str):
@@ -138,6 +156,9 @@ class TestDriver:
         if self.key_choice is not None:
             event.key, event.key_error = self.key_choice.of(event)
             event.key = key if event.key is None else event.key
+        if self.event_time_choice is not None:
+            event.timed(*self.event_time_choice.of(event))
+            at = event.event_time_ms if event.event_time_error is None else -1
         self._queue.append(event)
         self._max_event_ms = max(self._max_event_ms, at)
 
@@ -214,6 +235,7 @@ class TestDriver:
                 by_slice.get(s, []), self.fmt, self.allow_pickle, self.policy,
             )  # fmt: skip
             self.dead_letters += result.dead_letters
+            self.late_records += result.late_records
             changes = tx.changes()
             store.commit(changes, store.version + 1, tx.undo(changes))
             emitted += [(k, json.loads(json.dumps(v, default=str))) for k, v in result.outputs]

@@ -1,7 +1,8 @@
 """Loading a user's app: a Python file that defines `process(event, ctx)`, and optionally
 its output schema (`output_schema = "user STRING, total BIGINT"`), a function to hand
-each batch's outputs to (`foreach_batch = write`) and the key its state is bound to
-(`key = "user.id"`, a JSON field path, or `def key(record) -> str`)."""
+each batch's outputs to (`foreach_batch = write`), the key its state is bound to
+(`key = "user.id"`, a JSON field path, or `def key(record) -> str`) and its records' event
+time (`event_time = "ts"`, or `def event_time(record) -> int | datetime`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 
 from pyspark import cloudpickle
 
+from shardless.processor.api.event_time import EventTimeChoice
 from shardless.processor.api.handlers import HandlerFactory
 from shardless.processor.api.keys import KeyChoice
 from shardless.processor.errors import AppError
@@ -48,7 +50,7 @@ def _module_name(path: Path) -> str:
 def load_handler(path: str | Path) -> HandlerFactory:
     """Import the app file and return its handler: a class named by `handler = ...`, or the
     functions `process(event, ctx)` and optionally `on_timer(timer, ctx)`; with the app's
-    `output_schema` and `key` when it declares them.
+    `output_schema`, `key` and `event_time` when it declares them.
 
     The module is pickled by value, so executors need no copy of the file.
     """
@@ -68,10 +70,11 @@ def load_handler(path: str | Path) -> HandlerFactory:
     cloudpickle.register_pickle_by_value(module)
     schema = getattr(module, "output_schema", None)
     key = KeyChoice.of_app(getattr(module, "key", None), str(path))
+    event_time = EventTimeChoice.of_app(getattr(module, "event_time", None), str(path))
     try:
         spec = getattr(module, "handler", None)
         if spec is not None:
-            return HandlerFactory(spec, output_schema=schema, key=key)
+            return HandlerFactory(spec, output_schema=schema, key=key, event_time=event_time)
         process = getattr(module, "process", None)
         if not callable(process):
             raise AppError(
@@ -79,7 +82,11 @@ def load_handler(path: str | Path) -> HandlerFactory:
                 "process(self, event, ctx)>`"
             )
         return HandlerFactory(
-            process, on_timer=getattr(module, "on_timer", None), output_schema=schema, key=key
+            process,
+            on_timer=getattr(module, "on_timer", None),
+            output_schema=schema,
+            key=key,
+            event_time=event_time,
         )
     except AppError as exc:
         if str(exc).startswith(f"{path}:"):

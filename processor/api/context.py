@@ -49,6 +49,8 @@ class Event:
         "data",
         "value",
         "decode_error",
+        "_event_ms",
+        "_event_error",
     )
 
     def __init__(
@@ -99,6 +101,30 @@ class Event:
     @property
     def arrival_ms(self) -> int:
         return int(self.arrival.replace(tzinfo=self.arrival.tzinfo or UTC).timestamp() * 1000)
+
+    @property
+    def event_time_ms(self) -> int:
+        """The record's event time (epoch ms): what the app named as its event time
+        (`shardless.processor.api.event_time`), else its arrival time."""
+        try:
+            found = self._event_ms
+        except AttributeError:  # no event time named: the arrival time, as always
+            return self.arrival_ms
+        return self.arrival_ms if found is None else found
+
+    @property
+    def event_time_error(self) -> str | None:
+        """Why the app's named event time could not be read from the record (None when it
+        was, or when no event time is named)."""
+        try:
+            return self._event_error
+        except AttributeError:
+            return None
+
+    def timed(self, event_ms: int | None, error: str | None) -> None:
+        """Give the record its event time as read (epoch ms), or why it has none: the
+        runtime's call, once per record, in jobs that name an event time."""
+        self._event_ms, self._event_error = event_ms, error
 
     def coordinates(self) -> str:
         return f"{self.stream}/{self.shard}/{self.sequence_number}.{self.subsequence}"

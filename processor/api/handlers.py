@@ -24,6 +24,7 @@ from typing import Any
 from pyspark.sql.types import StructType
 
 from shardless.processor.api.context import Context, Event, Timer
+from shardless.processor.api.event_time import EventTimeChoice
 from shardless.processor.api.keys import KeyChoice
 from shardless.processor.api.outputs import OutputCheck, check_schema
 from shardless.processor.errors import AppError
@@ -61,7 +62,10 @@ class HandlerFactory:
     `TestDriver` too.
 
     `key`: how the app chooses the key its state is bound to (a JSON field path such as
-    "user.id", a function of the record, or a `KeyChoice`); None for the partition key."""
+    "user.id", a function of the record, or a `KeyChoice`); None for the partition key.
+
+    `event_time`: how the app names its records' event time (a JSON field path such as
+    "ts", a function of the record, or an `EventTimeChoice`); None for the arrival time."""
 
     def __init__(
         self,
@@ -70,6 +74,7 @@ class HandlerFactory:
         output_schema: str | StructType | None = None,
         app: str | None = None,
         key: str | Callable[[Event], str] | KeyChoice | None = None,
+        event_time: str | Callable[[Event], Any] | EventTimeChoice | None = None,
     ):
         if inspect.isclass(spec):
             if not callable(getattr(spec, "process", None)):
@@ -84,6 +89,11 @@ class HandlerFactory:
         self.app = app  # named in output schema errors
         self.key = (
             key if isinstance(key, KeyChoice) or key is None else KeyChoice.of_app(key, "key")
+        )
+        self.event_time = (
+            event_time
+            if isinstance(event_time, EventTimeChoice) or event_time is None
+            else EventTimeChoice.of_app(event_time, "event_time")
         )
         self.token = uuid.uuid4().hex  # stable across pickling: one handler per slice per worker
 

@@ -12,6 +12,13 @@ record the decoder cannot read and for a handler that raises.
   handler_retries   N            a record whose handler raises is run again up to N times
                                  (its writes and outputs undone before each attempt) before
                                  `on_handler_error` applies
+  on_late           process      a record at or before the watermark runs like any other
+                                 (default); with an event time named by the app or
+                                 `--event-time-field` (`shardless.processor.api.event_time`)
+                    drop         it is counted and logged, and the handler never sees it
+                    dead-letter  it goes to the dead-letter target (stage `late`)
+
+A record without a readable event time goes where `on_decode_error` says.
 
 Nothing is dropped silently: every record set aside is logged with its coordinates,
 counted in the batch's metrics (`dead_letters`) and written to the target before the
@@ -25,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardless.processor.api.decoders import DECODERS, ON_DECODE_ERROR, decoder
+from shardless.processor.api.event_time import LATE_POLICIES
 from shardless.processor.errors import ConfigError
 
 ON_HANDLER_ERROR = ("fail", "dead-letter")
@@ -37,6 +45,10 @@ class RecordPolicy:
     on_decode_error: str = "fail"
     on_handler_error: str = "fail"
     handler_retries: int = 0
+    on_late: str = "process"
+    # whether the records carry an event time read from them (the job sets it when the app
+    # or `--event-time-field` names one): only then are records judged late
+    event_time: bool = False
 
     def __post_init__(self) -> None:
         if self.decoder not in DECODERS:
@@ -49,6 +61,10 @@ class RecordPolicy:
         if self.on_handler_error not in ON_HANDLER_ERROR:
             raise ConfigError(
                 f"--on-handler-error {self.on_handler_error!r}: use fail (default) or dead-letter"
+            )
+        if self.on_late not in LATE_POLICIES:
+            raise ConfigError(
+                f"--on-late {self.on_late!r}: use process (default), drop or dead-letter"
             )
         retries = self.handler_retries
         if isinstance(retries, bool) or not isinstance(retries, int):
@@ -71,4 +87,4 @@ class RecordPolicy:
     @property
     def sets_aside(self) -> bool:
         """Whether any record may go to the dead-letter target."""
-        return "dead-letter" in (self.on_decode_error, self.on_handler_error)
+        return "dead-letter" in (self.on_decode_error, self.on_handler_error, self.on_late)

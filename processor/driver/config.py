@@ -14,6 +14,7 @@ from shardless.changelog import aws
 from shardless.changelog.errors import ConfigurationError
 from shardless.changelog.layout import AppLocation, check_app_name
 from shardless.processor.api.decoders import DECODERS, ON_DECODE_ERROR
+from shardless.processor.api.event_time import LATE_POLICIES, EventTimeChoice
 from shardless.processor.api.keys import check_path
 from shardless.processor.api.policies import ON_HANDLER_ERROR, RecordPolicy
 from shardless.processor.errors import ConfigError
@@ -131,7 +132,26 @@ class JobConfig:
         None, help="with --state-role-arn: the role session's name (default: shardless-APP)"
     )
     allowed_lateness_ms: int = flag(
-        0, help="event time: the watermark trails the latest arrival by this much"
+        0,
+        help=(
+            "event time: the watermark trails the latest event time seen (the arrival time, "
+            "unless one is named) by this much"
+        ),
+    )
+    event_time_field: str | None = flag(
+        None,
+        help=(
+            "the records' event time is at this JSON field path (such as event.ts): epoch ms or "
+            "an ISO 8601 string (default: the app's event_time, else the arrival time)"
+        ),
+    )
+    on_late: str = flag(
+        "process",
+        help=(
+            "with a named event time, a record at or before the watermark: process it as any "
+            "other (default), drop it, or set it aside; counted as late_records either way"
+        ),
+        choices=LATE_POLICIES,
     )
     timer_poll_ms: int = flag(
         0,
@@ -265,6 +285,11 @@ class JobConfig:
                 check_path(self.key_field)
             except ConfigError as exc:
                 raise ConfigError(f"--key-field: {exc}") from exc
+        if self.event_time_field is not None:
+            try:
+                EventTimeChoice(field=self.event_time_field)
+            except ConfigError as exc:
+                raise ConfigError(f"--event-time-field: {exc}") from exc
         if self.value_format not in VALUE_FORMATS:
             raise ConfigError(
                 f"value_format {self.value_format!r}: use msgpack (default), json, raw or pickle"
@@ -406,7 +431,11 @@ class JobConfig:
 
     def record_policy(self) -> RecordPolicy:
         return RecordPolicy(
-            self.decoder, self.on_decode_error, self.on_handler_error, self.handler_retries
+            self.decoder,
+            self.on_decode_error,
+            self.on_handler_error,
+            self.handler_retries,
+            self.on_late,
         )
 
     @property

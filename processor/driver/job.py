@@ -21,7 +21,14 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 from shardless.changelog import aws, resources
 from shardless.changelog.errors import ConfigurationError
 from shardless.processor.api.handlers import HandlerFactory
-from shardless.processor.driver import heartbeat, keys, metrics, placement, typed_outputs
+from shardless.processor.driver import (
+    event_time,
+    heartbeat,
+    keys,
+    metrics,
+    placement,
+    typed_outputs,
+)
 from shardless.processor.driver.config import JobConfig
 from shardless.processor.driver.imports import check_import_done
 from shardless.processor.errors import ConfigError
@@ -194,14 +201,16 @@ def group_plan(
     partitions: int,
     group_function: Callable[..., Any],
     columns: tuple[str, ...] = RECORD_COLUMNS,
+    watermark: str = "arrival",
 ) -> DataFrame:
     """Records (with their `slice`) grouped into the job's slice groups, one per shuffle
     partition, and `group_function` run per group under `applyInPandasWithState`: the
-    DataFrame of outputs and per-group metrics rows. Only `columns` cross into Python."""
+    DataFrame of outputs and per-group metrics rows. Only `columns` cross into Python; the
+    watermark follows the timestamp column `watermark`."""
     keys = group_keys(partitions)
     group_index = F.floor(F.col("slice") * partitions / cfg.slices).cast("int")
     key_array = F.array(*[F.lit(k) for k in keys])
-    grouped = records.withWatermark("arrival", f"{cfg.allowed_lateness_ms} milliseconds").select(
+    grouped = records.withWatermark(watermark, f"{cfg.allowed_lateness_ms} milliseconds").select(
         F.element_at(key_array, group_index + 1).alias("group"), *columns
     )
     return grouped.groupBy("group").applyInPandasWithState(
@@ -247,8 +256,24 @@ def outputs(spark: SparkSession, handlers: HandlerFactory, cfg: JobConfig) -> Da
         owner.owner,
         owner.why,
     )
-    runner = GroupRunner(handlers, runtime_config(cfg, partitions, owner.owner))
-    return metrics.observe_batch(group_plan(records, cfg, partitions, runner, columns))
+    runtime = runtime_config(cfg, partitions, owner.owner)
+    timed = event_time.chosen(cfg.event_time_field, handlers)
+    if timed is None:
+        if cfg.on_late != "process":
+            raise ConfigError(
+                f"--on-late {cfg.on_late}: late records need a named event time; give "
+                "--event-time-field or the app's event_time (without one, event time is the "
+                "arrival time and every record is processed)"
+            )
+        runner = GroupRunner(handlers, runtime)
+        plan = group_plan(records, cfg, partitions, runner, columns)
+    else:  # the watermark follows the records' own event time
+        records = event_time.timed(records, timed)
+        columns = (*columns, *event_time.EVENT_TIME_COLUMNS)
+        runner = GroupRunner(handlers, event_time.event_time_config(runtime, cfg.on_late))
+        plan = group_plan(records, cfg, partitions, runner, columns, watermark="event_time")
+        log.info("application %r: event time is the %s", cfg.app, timed.describe())
+    return metrics.observe_batch(plan)
 
 
 @dataclass
@@ -263,6 +288,7 @@ class BatchReport:
     group_seconds_max: float = 0.0
     timers_fired: int = 0
     dead_letters: int = 0
+    late_records: int = 0  # at or before the watermark (a job that names its event time)
     handler_retries: int = 0
     snapshots: int = 0
     snapshot_bytes: int = 0
@@ -336,6 +362,7 @@ def start(
                 report.timers_fired += m["timers_fired"]
                 report.dead_letters += m.get("dead_letters", 0)
                 report.handler_retries += m.get("handler_retries", 0)
+                report.late_records += m.get("late_records", 0)
                 report.restores += m["restores"]
                 report.group_pids[m["group"]] = m.get("pid", 0)
                 report.snapshots += m.get("snapshots", 0)

@@ -96,8 +96,9 @@ def _field_key(records: DataFrame, path: str) -> DataFrame:
     )
 
 
-class _Arrivals:
-    """A column of arrival times read one row at a time, when a key function asks."""
+class Arrivals:
+    """A column of arrival times read one row at a time, when a key or event-time function
+    asks."""
 
     def __init__(self, column: pa.Array) -> None:
         self.column = column
@@ -121,7 +122,7 @@ class KeyFunctionStep:
                 for name in ("stream", "shard", "sequence_number", "subsequence")
             }
             keys, data = batch.column("partition_key").to_pylist(), batch.column("data")
-            arrivals = _Arrivals(batch.column("arrival"))
+            arrivals = Arrivals(batch.column("arrival"))
             found: list[str | None] = []
             errors: list[str | None] = []
             for i, raw in enumerate(data.to_pylist()):

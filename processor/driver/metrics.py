@@ -5,7 +5,8 @@ appear in `StreamingQueryProgress.observedMetrics` (the Spark UI's Structured St
 tab, `StreamingQueryListener`s, `query.lastProgress`, hosted platforms) with no extra job:
 
     "shardless"         the groups' metrics rows summed: records, outputs, slices
-                        committed, restores, timers fired, dead letters, ... (`FIGURES`)
+                        committed, restores, timers fired, dead letters, late records
+                        (a job that names its event time), ... (`FIGURES`)
     "shardless_shards"  `millis_behind_latest`: `{"<stream>/<shard>": MillisBehindLatest}`
                         of every shard that gave records in the batch, from the source's
                         `behind_ms` column; `oldest_unread_arrival_ms`: the arrival time
@@ -39,6 +40,7 @@ SUMMED = (
     "segment_bytes",
     "timers_fired",
     "dead_letters",
+    "late_records",
     "handler_retries",
     "snapshots",
     "snapshot_bytes",

@@ -33,6 +33,7 @@ _FIGURES = {
     "segment_bytes": ("segment_bytes", "changelog bytes written to S3"),
     "timers_fired": ("timers_fired", "timers fired"),
     "dead_letters": ("dead_letters", "records set aside as dead letters"),
+    "late_records": ("late_records", "records at or before the event-time watermark"),
     "handler_retries": ("handler_retries", "handler calls run again after raising"),
     "snapshots": ("snapshots", "slice snapshots uploaded"),
     "snapshot_bytes": ("snapshot_bytes", "snapshot bytes uploaded"),

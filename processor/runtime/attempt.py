@@ -92,6 +92,7 @@ class Attempt:
             "timers_fired": 0,
             "attempts": 1,
             "handler_retries": 0,
+            "late_records": 0,
         }
         self.known: dict[int, Head | None] = {}
         self.heads: dict[int, Head | None] = {}
@@ -217,6 +218,7 @@ class Attempt:
             self.metrics["timers_fired"] += result.timers_fired
             self.letters += result.dead_letters
             self.metrics["handler_retries"] += result.handler_retries
+            self.metrics["late_records"] += result.late_records
             if result.next_processing_timer is None and result.next_event_timer is None:
                 self.pending.pop(s, None)
             else:

@@ -1,10 +1,11 @@
 """Where records go that cannot be processed: their bytes, coordinates and the error.
 
-A record whose bytes the configured decoder cannot read, or whose handler keeps raising,
-is set aside here (when the job is configured to) instead of failing the batch. Nothing
-is dropped silently: every dead letter holds the record exactly as read (data in base64),
-its stream, shard, sequence and sub-sequence numbers, partition key and slice, the stage
-that failed (`key`, `decode` or `handler`), the error and how many attempts were made.
+A record whose bytes the configured decoder cannot read, whose handler keeps raising, or
+that came later than the watermark (`--on-late dead-letter`), is set aside here (when the
+job is configured to) instead of failing the batch. Nothing is dropped silently: every
+dead letter holds the record exactly as read (data in base64), its stream, shard, sequence
+and sub-sequence numbers, partition key and slice, the stage that failed (`key`,
+`event-time`, `late`, `decode` or `handler`), the error and how many attempts were made.
 
 Targets:
   s3://bucket/prefix   one JSON-lines object per (query, batch, group):
@@ -47,7 +48,7 @@ class DeadLetter:
     partition_key: str
     slice: int
     data: bytes
-    stage: str  # "key", "decode" or "handler"
+    stage: str  # "key", "event-time", "late", "decode" or "handler"
     error: str  # "ValueError: boom"
     attempts: int
     key: str | None = None  # the app's chosen key, when it has one other than the partition key

@@ -1,7 +1,9 @@
 """A group's records as the handler's events: sorted into slices, in stream order within
 each, with wake-up rows (a new checkpoint's timer wake-ups) set apart. When the app chose
 its key (`shardless.processor.driver.keys`), the rows carry it in `key` (null, with the
-reason in `key_error`, for a record without one: its event keeps the partition key)."""
+reason in `key_error`, for a record without one: its event keeps the partition key). When
+the app named its event time (`shardless.processor.api.event_time`), the rows carry it in
+`event_time_ms` (with the reason in `event_time_error` for a record without one)."""
 
 from __future__ import annotations
 
@@ -61,7 +63,7 @@ def prepare(pdf: pd.DataFrame | None, fixed: dict[str, Any] | None = None) -> Gr
     data = pdf["data"].to_numpy()[order].tolist()
     if "key" not in pdf.columns:
         events = list(map(Event, *cols, arrivals, data, order.tolist()))
-        return GroupInput(len(order), events, spans)
+        return _timed(GroupInput(len(order), events, spans), pdf, order)
     partition_keys = cols[-1]
     chosen = pdf["key"].to_numpy()[order].tolist()
     cols[-1] = [k if isinstance(k, str) else p for k, p in zip(chosen, partition_keys, strict=True)]
@@ -69,4 +71,18 @@ def prepare(pdf: pd.DataFrame | None, fixed: dict[str, Any] | None = None) -> Gr
     errors = pdf["key_error"].to_numpy()[order]
     for i in np.flatnonzero(pd.notna(errors)).tolist():
         events[i].key_error = errors[i]
-    return GroupInput(len(order), events, spans)
+    return _timed(GroupInput(len(order), events, spans), pdf, order)
+
+
+def _timed(found: GroupInput, pdf: pd.DataFrame, order: np.ndarray) -> GroupInput:
+    """The events with their event times (`Event.event_time_ms`), when the rows carry them."""
+    if "event_time_ms" not in pdf.columns:
+        return found
+    times = pdf["event_time_ms"].to_numpy()[order].tolist()
+    errors = pdf["event_time_error"].to_numpy()[order].tolist()
+    for event, at, why in zip(found.events, times, errors, strict=True):
+        if isinstance(why, str):
+            event.timed(None, why)
+        else:
+            event.timed(int(at), None)
+    return found

@@ -11,6 +11,7 @@ from typing import Any
 
 from shardless.processor.api.context import Binding, Context, Event, Timer
 from shardless.processor.api.decoders import describe
+from shardless.processor.api.event_time import is_late
 from shardless.processor.api.handlers import SliceHandler
 from shardless.processor.api.policies import RecordPolicy
 from shardless.processor.errors import ProcessorError
@@ -34,6 +35,7 @@ class SliceResult:
     next_event_timer: int | None = None
     dead_letters: list[DeadLetter] = field(default_factory=list)
     handler_retries: int = 0  # handler attempts that raised and were run again
+    late_records: int = 0  # records at or before the watermark (event time named only)
 
 
 def run_slice(
@@ -56,6 +58,8 @@ def run_slice(
         events = _keyless(events, policy, slice_id, batch_id, result := SliceResult())
     else:
         result = SliceResult()
+    if policy.event_time:
+        events = _timed(events, policy, slice_id, batch_id, watermark_ms, result)
     ctx = Context(slice_id, batch_id, tx, value_format, allow_pickle, handler.check_output)
     binding = Binding(ctx, now_ms, watermark_ms)
     result.outputs = binding.outputs
@@ -152,6 +156,83 @@ def _keyless(
         )  # fmt: skip
         kept.append(event)
     return kept
+
+
+def _timed(
+    events: Sequence[Event],
+    policy: RecordPolicy,
+    slice_id: int,
+    batch_id: int,
+    watermark_ms: int,
+    result: SliceResult,
+) -> list[Event]:
+    """The events left to run once records without a readable event time have gone where
+    `--on-decode-error` says (stage `event-time`), and late records (at or before the
+    watermark) where `--on-late` says. Late records are counted whatever the policy."""
+    kept = []
+    how_late = policy.on_late
+    dropped: list[Event] = []
+    for event in events:
+        why = event.event_time_error
+        if why is not None:
+            if _without_event_time(event, why, policy, slice_id, batch_id, result):
+                kept.append(event)
+            continue
+        at = event.event_time_ms
+        if not is_late(at, watermark_ms):
+            kept.append(event)
+            continue
+        result.late_records += 1
+        if how_late == "process":
+            kept.append(event)
+        elif how_late == "drop":
+            dropped.append(event)
+        else:
+            text = f"late: event time {at} ms is at or before the watermark {watermark_ms} ms"
+            result.dead_letters.append(_letter(event, slice_id, "late", text, 1))
+            log.warning(
+                "slice %s batch %s: record %s (key %r) set aside: %s",
+                slice_id, batch_id, event.coordinates(), event.key, text,
+            )  # fmt: skip
+    if dropped:
+        log.warning(
+            "slice %s batch %s: %d late record(s) dropped (event time at or before the "
+            "watermark %s ms), the first %s",
+            slice_id, batch_id, len(dropped), watermark_ms,
+            ", ".join(f"{e.coordinates()} at {e.event_time_ms} ms" for e in dropped[:5]),
+        )  # fmt: skip
+    return kept
+
+
+def _without_event_time(
+    event: Event,
+    why: str,
+    policy: RecordPolicy,
+    slice_id: int,
+    batch_id: int,
+    result: SliceResult,
+) -> bool:
+    """Deal with a record whose event time cannot be read, as `--on-decode-error` says;
+    True when it still runs (`raw`, with its arrival time as event time)."""
+    text = f"record {event.coordinates()} has no event time: {why}"
+    how = policy.on_decode_error
+    if how == "fail":
+        raise ProcessorError(
+            f"{text} (key {event.key!r}, slice {slice_id}, batch {batch_id}); "
+            "--on-decode-error dead-letter sets such records aside, raw passes them to the "
+            "handler with their arrival time as event time"
+        )
+    if how == "dead-letter":
+        letter = _letter(event, slice_id, "event-time", f"no event time: {why}", 1)
+        result.dead_letters.append(letter)
+        log.warning("slice %s batch %s: %s; set aside", slice_id, batch_id, text)
+        return False
+    event.decode_error = f"no event time: {why}"
+    log.warning(
+        "slice %s batch %s: %s; passed on with its arrival time as event time",
+        slice_id, batch_id, text,
+    )  # fmt: skip
+    return True
 
 
 def _decoded(
