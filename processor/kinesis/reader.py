@@ -13,6 +13,7 @@ import logging
 import random
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -53,6 +54,8 @@ class ShardRead:
     closed: bool = False
     on_trimmed: str = "fail"
     on_corrupt: str = "fail"
+    # The enhanced fan-out consumer to read through (`fan_out_batch`); None: GetRecords.
+    consumer_arn: str | None = None
 
     @property
     def shard_key(self) -> str:
@@ -202,28 +205,46 @@ class _Shard:
 
 
 def read_shard(kinesis, batch_log: BatchLog, read: ShardRead) -> tuple[list[dict], dict]:  # noqa: ANN001
-    """User records of `read` for its batch and the end recorded for it.
+    """User records of `read` for its batch and the end recorded for it, by GetRecords.
 
     Each user record is a dict with Kinesis' own names plus `SubSequenceNumber` (its index in
     a KPL aggregate, 0 for a plain record) and `ExplicitHashKey` (from the aggregate, else
     None: GetRecords does not return it for plain records).
     """
+    return read_batch(kinesis, batch_log, read, _fresh, _replay)
+
+
+Fresh = Callable[[Any, ShardRead], tuple[list[dict], dict]]
+Replay = Callable[[Any, ShardRead, dict], list[dict]]
+
+
+def read_batch(
+    kinesis,  # noqa: ANN001
+    batch_log: BatchLog,
+    read: ShardRead,
+    fresh: Fresh,
+    replay: Replay,
+) -> tuple[list[dict], dict]:
+    """The batch's records of one shard, exactly once whichever attempt reads them: a recorded
+    end is replayed; else a fresh read records its end with a conditional put, and an attempt
+    that lost the put replays the winner's end. `fresh` and `replay` read the shard (GetRecords
+    here, SubscribeToShard in `fan_out_batch`); both record and replay ends of one shape."""
     recorded = batch_log.recorded_end(read.run, read.n, read.shard_key)
     if recorded is not None:
-        return _replay(kinesis, read, recorded), recorded
-    records, end = _fresh(kinesis, read)
+        return replay(kinesis, read, recorded), recorded
+    records, end = fresh(kinesis, read)
     winner = batch_log.record_end(read.run, read.n, read.shard_key, end)
     if winner != end:
         log.info(
             "batch %s shard %s: another attempt recorded its end first", read.n, read.shard_key
         )
-        return _replay(kinesis, read, winner), winner
+        return replay(kinesis, read, winner), winner
     return records, end
 
 
 def _fresh(kinesis, read: ShardRead) -> tuple[list[dict], dict]:  # noqa: ANN001
     began = time.monotonic()
-    from_oldest = _position_expired(kinesis, read)
+    from_oldest = position_expired(kinesis, read)
     shard = _Shard(kinesis, read, from_oldest=from_oldest)
     try:
         raw: list[dict] = []
@@ -235,7 +256,7 @@ def _fresh(kinesis, read: ShardRead) -> tuple[list[dict], dict]:  # noqa: ANN001
         while len(raw) < read.max_records and size < read.max_bytes:
             want = read.max_records - len(raw)
             # One record more than the bound allows, when a call may return it: the oldest
-            # record the batch leaves unread, whose arrival is the batch's lag (`_unread`).
+            # record the batch leaves unread, whose arrival is the batch's lag (`unread_arrival`).
             limit = min(10_000, want + 1)
             got, done, behind = shard.next(limit)
             answered_at = _now()
@@ -252,7 +273,7 @@ def _fresh(kinesis, read: ShardRead) -> tuple[list[dict], dict]:  # noqa: ANN001
         shard.close()
     if peeked is not None:
         done = False  # the shard has records left: the iterator went past one of them
-    records, skipped = _expand(read, raw)
+    records, skipped = expand(read, raw)
     if caught_up and shard.tip_seen_at is not None:
         since = shard.tip_seen_at  # every record that arrived before this call was read
     elif raw:
@@ -267,7 +288,7 @@ def _fresh(kinesis, read: ShardRead) -> tuple[list[dict], dict]:  # noqa: ANN001
         "user_records": len(records),
         "bytes": size,
         "behind_ms": behind,
-        "unread_arrival_ms": _unread(peeked, done or caught_up, behind, answered_at),
+        "unread_arrival_ms": unread_arrival(peeked, done or caught_up, behind, answered_at),
         "throttles": shard.throttles,
         "calls": shard.calls,
         "read_ms": round((time.monotonic() - began) * 1000),
@@ -277,11 +298,11 @@ def _fresh(kinesis, read: ShardRead) -> tuple[list[dict], dict]:  # noqa: ANN001
         end["skipped_aggregates"] = skipped
     if from_oldest:
         end["from_oldest"] = True
-    log.info("batch %s shard %s: %s", read.n, read.shard_key, _metrics_text(end))
+    log.info("batch %s shard %s: %s", read.n, read.shard_key, metrics_text(end))
     return records, end
 
 
-def _unread(
+def unread_arrival(
     peeked: dict | None, finished: bool, behind: int | None, answered_at: float
 ) -> int | None:
     """Arrival time (epoch ms) of the oldest record a read left unread in its shard; None
@@ -298,11 +319,17 @@ def _unread(
     return round(answered_at * 1000) - int(behind)
 
 
-def _metrics_text(end: dict) -> str:
+def metrics_text(end: dict) -> str:
+    """The metrics of a recorded end, for the log."""
+    calls = (
+        f"{end.get('throttles', 0)} subscriptions refused as held, {end.get('calls', 0)} "
+        f"subscriptions, {end.get('events', 0)} events"
+        if end.get("fan_out")
+        else f"{end.get('throttles', 0)} throttled calls, {end.get('calls', 0)} GetRecords calls"
+    )
     return (
         f"{end['count']} records ({end.get('user_records', end['count'])} user records), "
-        f"{end.get('bytes', 0)} bytes, {end.get('behind_ms')} ms behind, "
-        f"{end.get('throttles', 0)} throttled calls, {end.get('calls', 0)} GetRecords calls in "
+        f"{end.get('bytes', 0)} bytes, {end.get('behind_ms')} ms behind, {calls} in "
         f"{end.get('read_ms', 0)} ms"
     )
 
@@ -319,7 +346,7 @@ def _replay(kinesis, read: ShardRead, end: dict) -> list[dict]:  # noqa: ANN001
             for r in got:
                 raw.append(r)
                 if r["SequenceNumber"] == end["after"]:
-                    return _expand(read, raw)[0]
+                    return expand(read, raw)[0]
             if done or (not got and behind in (0, None)):
                 raise SourceError(
                     f"batch {read.n} {read.where()}: replay found {len(raw)} of the "
@@ -330,7 +357,7 @@ def _replay(kinesis, read: ShardRead, end: dict) -> list[dict]:  # noqa: ANN001
         shard.close()
 
 
-def _expand(read: ShardRead, raw: list[dict]) -> tuple[list[dict], int]:
+def expand(read: ShardRead, raw: list[dict]) -> tuple[list[dict], int]:
     """User records of the Kinesis records `raw`, KPL aggregates expanded; and how many
     corrupt aggregates were skipped (only with on_corrupt="skip", else SourceError)."""
     out: list[dict] = []
@@ -368,7 +395,7 @@ def _expand(read: ShardRead, raw: list[dict]) -> tuple[list[dict], int]:
     return out, skipped
 
 
-def _position_expired(kinesis, read: ShardRead) -> bool:  # noqa: ANN001
+def position_expired(kinesis, read: ShardRead) -> bool:  # noqa: ANN001
     """Whether the read must start at the oldest record because its position expired.
 
     A position is suspect only when its unread records (those after `after`) may be older

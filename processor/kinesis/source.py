@@ -20,6 +20,13 @@ Options:
                        committed (default 100, as Spark's minBatchesToRetain; 0 or more)
   batchLogGcEvery      delete the batch log's older batches once per this many batches
                        (default 100)
+  consumerName         read with enhanced fan-out through the stream consumer of this name
+                       (registered on each stream at the first batch a driver process plans,
+                       or reused; see `fan_out_batch`); absent: GetRecords (polling). Each
+                       batch subscribes to each shard once, and Kinesis refuses a new
+                       subscription within 5 s of the last: use a trigger of at least 5 s per
+                       batch. A query's stop leaves the consumer registered (other runs may
+                       read through it): `deregister_consumers` removes it.
 
 Planning (`latestOffset`, `partitions`) runs in a driver-side Python process and never
 reads records; `read` runs on executors, one partition per readable shard.
@@ -38,6 +45,7 @@ checkpoint names records that exist.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Iterator
 
@@ -47,6 +55,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 
 from shardless.processor.errors import ConfigError, SourceError
+from shardless.processor.kinesis import fan_out, fan_out_batch
 from shardless.processor.kinesis import positions as pos
 from shardless.processor.kinesis.batch_log import BatchLog
 from shardless.processor.kinesis.client import kinesis_client
@@ -55,7 +64,13 @@ from shardless.processor.kinesis.rows import ROWS_PER_BATCH, SCHEMA, SOURCE_SCHE
 from shardless.processor.kinesis.shards import depths, list_shards, readable, vanished
 from shardless.state.slices import check_slices
 
-__all__ = ["SCHEMA", "KinesisDataSource", "KinesisStreamReader", "kinesis_client"]
+__all__ = [
+    "SCHEMA",
+    "KinesisDataSource",
+    "KinesisStreamReader",
+    "deregister_consumers",
+    "kinesis_client",
+]
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +116,35 @@ def _count_option(options: dict, name: str, default: int) -> int:
     return value
 
 
+_CONSUMER_NAME = re.compile(r"[a-zA-Z0-9_.-]{1,128}")  # Kinesis' rule for consumer names
+
+
+def _consumer_option(options: dict) -> str | None:
+    raw = options.get("consumerName")
+    if raw is None or not str(raw).strip():
+        return None
+    name = str(raw).strip()
+    if not _CONSUMER_NAME.fullmatch(name):
+        raise ConfigError(
+            f"option consumerName={raw!r}: a Kinesis consumer name is 1 to 128 letters, digits, "
+            "'_', '.' or '-'"
+        )
+    return name
+
+
+def deregister_consumers(
+    streams: list[str], consumer_name: str, endpoint: str | None = None
+) -> dict[str, bool]:
+    """Deregister the enhanced fan-out consumer `consumer_name` of each stream; per stream,
+    whether there was one (for a command that retires an application's consumer).
+
+    A query never does this when it stops: the application's next run, or another query of it,
+    reads through the same consumer, and deregistering ends every subscription through it.
+    """
+    kinesis = kinesis_client(endpoint)
+    return {s: fan_out.deregister_consumer(kinesis, s, consumer_name) for s in streams}
+
+
 def _choice_option(options: dict, name: str, choices: tuple[str, ...]) -> str:
     value = str(options.get(name, choices[0])).strip().lower()
     if value not in choices:
@@ -131,6 +175,8 @@ class KinesisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.endpoint = options.get("kinesisEndpoint") or None
         self.retain = _count_option(options, "batchLogRetain", 100)
         self.gc_every = _int_option(options, "batchLogGcEvery", 100)
+        self.consumer_name = _consumer_option(options)
+        self._consumer_arns: dict[str, str] = {}  # per stream, once registered (driver side)
         self._collected: int | None = None  # `below` of this process's last collection
         self._positions: dict[tuple[str, int], pos.Positions] = {}
         self._known_runs: set[str] = set()  # runs whose batches this table records
@@ -204,6 +250,7 @@ class KinesisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             shards = list_shards(kinesis, stream)
             done |= self._expired(vanished(shards, stream, positions), positions)
             depth = depths(shards)
+            consumer_arn = self._consumer_arn(kinesis, stream)
             for shard in readable(shards, done):
                 read = ShardRead(
                     run=end["run"],
@@ -218,9 +265,22 @@ class KinesisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     closed=shard.closed,
                     on_trimmed=self.on_trimmed,
                     on_corrupt=self.on_corrupt,
+                    consumer_arn=consumer_arn,
                 )
                 parts.append(_Partition(read, self.slices))
         return parts
+
+    def _consumer_arn(self, kinesis, stream: str) -> str | None:  # noqa: ANN001
+        """The ARN of the stream's fan-out consumer (None: polling), registered or reused
+        once per driver process."""
+        if self.consumer_name is None:
+            return None
+        arn = self._consumer_arns.get(stream)
+        if arn is None:
+            arn = fan_out.register_consumer(kinesis, stream, self.consumer_name).arn
+            log.info("stream %s: reading through consumer %s", stream, arn)
+            self._consumer_arns[stream] = arn
+        return arn
 
     def _expired(self, keys: list[str], positions: pos.Positions) -> set[str]:
         """Shards whose rest expired unread: an error, or (onTrimmed=oldest) read as done."""
@@ -314,7 +374,8 @@ class KinesisStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, _Partition)
         read, slices = partition.read, partition.slices
-        records, end = read_shard(kinesis_client(self.endpoint), BatchLog(self.table), read)
+        read_one = read_shard if read.consumer_arn is None else fan_out_batch.read_shard
+        records, end = read_one(kinesis_client(self.endpoint), BatchLog(self.table), read)
         for lo in range(0, len(records), ROWS_PER_BATCH):
             chunk = records[lo : lo + ROWS_PER_BATCH]
             last = lo + ROWS_PER_BATCH >= len(records)
