@@ -2,11 +2,12 @@
 
 The polling reader (`reader`) pulls pages with GetRecords; here Kinesis pushes events to a
 registered consumer for up to 5 minutes per SubscribeToShard call. `read` keeps the polling
-reader's batch semantics so the source can use either: a fresh read starts where `ShardRead`
-says and stops at the first of the record or byte bound, the shard's end, or catching up with
-an open shard; a replay (`until`) reads exactly up to and including a recorded sequence number,
-whatever arrived since. Records are Kinesis records as boto3 returns them (KPL aggregates not
-expanded; `Data` as bytes).
+reader's batch semantics so the source can use either (it does through `fan_out_batch`, with
+its option `consumerName`): a fresh read starts where `ShardRead` says and stops at the first
+of the record or byte bound, the shard's end, or catching up with an open shard; a replay
+(`until`) reads exactly up to and including a recorded sequence number, whatever arrived since.
+Records are Kinesis records as boto3 returns them (KPL aggregates not expanded; `Data` as
+bytes).
 
 Subscriptions end: Kinesis closes them after 5 minutes, a newer SubscribeToShard for the same
 consumer and shard takes them over, connections drop. `read` renews a subscription before its

@@ -5,9 +5,9 @@ reader's shape, a recorded end is read again exactly (a count of 0 reads nothing
 that lost the conditional put reads the winner's end, and KPL aggregates are expanded.
 
 Against kinesis-local (the one emulator that serves SubscribeToShard; DynamoDB stays moto's),
-through real Spark streaming queries: every record read once and per key in order across
-several batches while the only shard splits (the parent read to its end before its children),
-and a batch retried after its sink failed reads exactly the records of the failed attempt.
+through real Spark streaming queries: every record read once, per key and per shard in order,
+across several batches while the only shard splits (the parent read to its end before its
+children); and a batch retried after its sink failed reads exactly the failed attempt's records.
 Every batch subscribes to each shard anew, and kinesis-local holds a closed subscription about
 3 s, so each batch of a shard waits for the last one's (what a trigger of at least 5 s avoids
 on AWS); the record counts are small to keep that to a few batches.
@@ -285,6 +285,19 @@ def fan_out_ends(location: AppLocation) -> list[dict]:
     return [json.loads(i["end"]["S"]) for i in items if i["sk"]["S"].startswith("end#")]
 
 
+def shard_sequence_numbers(kinesis, stream: str, shard_id: str) -> list[str]:  # noqa: ANN001
+    """The shard's sequence numbers in its order, by GetRecords."""
+    it = kinesis.get_shard_iterator(
+        StreamName=stream, ShardId=shard_id, ShardIteratorType="TRIM_HORIZON"
+    )["ShardIterator"]
+    out: list[str] = []
+    while it:
+        page = kinesis.get_records(ShardIterator=it, Limit=10_000)
+        out += [r["SequenceNumber"] for r in page["Records"]]
+        it = page.get("NextShardIterator") if page["Records"] else None
+    return out
+
+
 @pytest.mark.slow
 def test_batches_over_fan_out_read_every_record_once_in_order_through_a_split(
     spark, kinesis_local: str, location: AppLocation, tmp_path: Path
@@ -315,6 +328,12 @@ def test_batches_over_fan_out_read_every_record_once_in_order_through_a_split(
     print(f"{producer.total} records in {time.monotonic() - began:.1f} s")
 
     test_reshard.assert_exactly_once_in_order(sink.rows, producer)
+    by_shard: dict[str, list[tuple[int, str, str]]] = defaultdict(list)
+    for r in sink.rows:
+        by_shard[r["shard"]].append((r["batch"], r["stream_order"], r["sequence_number"]))
+    for shard_id, rows in by_shard.items():
+        read = [seq for _, _, seq in sorted(rows)]
+        assert read == shard_sequence_numbers(kinesis, stream, shard_id), shard_id
     batches = defaultdict(set)
     for r in sink.rows:
         batches[r["shard"]].add(r["batch"])
