@@ -343,6 +343,11 @@ def test_batches_over_fan_out_read_every_record_once_in_order_through_a_split(
     assert max(batches[parent]) < min(min(batches[c]) for c in children), "parent first"
     ends = fan_out_ends(location)
     assert ends and all(e.get("fan_out") for e in ends), "every batch read over fan-out"
+    reads = sorted(e["read_ms"] for e in ends)
+    print(
+        f"{len(ends)} shard reads: {sum(e['throttles'] for e in ends)} subscriptions refused as "
+        f"held, read_ms median {reads[len(reads) // 2]}, max {reads[-1]}"
+    )
 
 
 class FailingSink:
