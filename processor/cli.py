@@ -153,6 +153,16 @@ def _produce(args: argparse.Namespace) -> int:
     return 0
 
 
+def _consumer_deregister(args: argparse.Namespace) -> int:
+    from shardless.processor.kinesis.source import deregister_consumers
+
+    found = deregister_consumers(args.stream, args.consumer_name, args.kinesis_endpoint)
+    for stream, was in found.items():
+        what = "deregistered" if was else "had no consumer named"
+        print(f"{stream}: {what} {args.consumer_name}")
+    return 0
+
+
 def _demo(_: argparse.Namespace) -> int:
     from shardless.processor.local import demo
 
@@ -244,6 +254,18 @@ def parser() -> argparse.ArgumentParser:
     produce.add_argument("--zipf", type=float, default=1.1, help="skew of user ids")
     produce.add_argument("--seed", type=int, default=7)
     produce.set_defaults(func=_produce)
+
+    consumer = sub.add_parser("consumer", help="enhanced fan-out stream consumers")
+    consumer_sub = consumer.add_subparsers(dest="action", required=True)
+    dereg = consumer_sub.add_parser(
+        "deregister",
+        help="deregister an application's consumer from its streams (ends its subscriptions; "
+        "a job with --consumer-name registers it again)",
+    )
+    dereg.add_argument("--stream", action="append", required=True, help="Kinesis stream (repeat)")
+    dereg.add_argument("--consumer-name", required=True)
+    dereg.add_argument("--kinesis-endpoint", help="Kinesis endpoint URL (default: boto3's)")
+    dereg.set_defaults(func=_consumer_deregister)
 
     demo = sub.add_parser("demo", help="the end-to-end demo on local emulators")
     demo.set_defaults(func=_demo)

@@ -22,6 +22,7 @@ from shardless.processor.kinesis.client import SOURCE_ROLE
 from shardless.processor.kinesis.positions import check_starting
 from shardless.processor.kinesis.reader import CORRUPT_POLICIES as ON_CORRUPT_AGGREGATE
 from shardless.processor.kinesis.reader import POLICIES as ON_TRIMMED
+from shardless.processor.kinesis.source import CONSUMER_NAME
 from shardless.processor.runtime.dead_letter import target
 from shardless.processor.runtime.local_dirs import default_local_dir, private_dir, user_cache_dir
 from shardless.processor.runtime.owner import check_supported
@@ -104,6 +105,14 @@ class JobConfig:
     )
     kinesis_endpoint: str | None = flag(
         None, help="Kinesis endpoint URL for the source (default: boto3's)"
+    )
+    consumer_name: str | None = flag(
+        None,
+        help=(
+            "read with enhanced fan-out through the stream consumer of this name (registered "
+            "on each stream, or reused); use a trigger of at least 5 seconds. Default: polling "
+            "(GetRecords)"
+        ),
     )
     source_role_arn: str | None = flag(
         None,
@@ -369,6 +378,11 @@ class JobConfig:
                 f"--on-corrupt-aggregate {self.on_corrupt_aggregate!r}: use fail (default: "
                 "stop with its coordinates) or skip (log and count it, go on)"
             )
+        if self.consumer_name is not None and not CONSUMER_NAME.fullmatch(self.consumer_name):
+            raise ConfigError(
+                f"--consumer-name {self.consumer_name!r}: a Kinesis consumer name is 1 to 128 "
+                "letters, digits, '_', '.' or '-'"
+            )
         if self.kinesis_endpoint is not None:
             url = urlparse(self.kinesis_endpoint)
             if url.scheme not in ("http", "https") or not url.hostname:
@@ -457,4 +471,6 @@ class JobConfig:
         }
         if self.kinesis_endpoint:
             options["kinesisEndpoint"] = self.kinesis_endpoint
+        if self.consumer_name:
+            options["consumerName"] = self.consumer_name
         return options

@@ -116,7 +116,7 @@ def _count_option(options: dict, name: str, default: int) -> int:
     return value
 
 
-_CONSUMER_NAME = re.compile(r"[a-zA-Z0-9_.-]{1,128}")  # Kinesis' rule for consumer names
+CONSUMER_NAME = re.compile(r"[a-zA-Z0-9_.-]{1,128}")  # Kinesis' rule for consumer names
 
 
 def _consumer_option(options: dict) -> str | None:
@@ -124,7 +124,7 @@ def _consumer_option(options: dict) -> str | None:
     if raw is None or not str(raw).strip():
         return None
     name = str(raw).strip()
-    if not _CONSUMER_NAME.fullmatch(name):
+    if not CONSUMER_NAME.fullmatch(name):
         raise ConfigError(
             f"option consumerName={raw!r}: a Kinesis consumer name is 1 to 128 letters, digits, "
             "'_', '.' or '-'"

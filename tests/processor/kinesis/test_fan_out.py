@@ -84,6 +84,27 @@ def test_a_consumer_is_registered_reused_and_deregistered(kinesis: Any, stream: 
 
 
 @pytest.mark.slow
+def test_shardless_consumer_deregister_removes_the_consumer_from_each_stream(
+    kinesis: Any, stream: str, kinesis_local: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from shardless.processor import cli
+
+    name = f"cli-{stream}"
+    registered = fan_out.register_consumer(kinesis, stream, name)
+    other = test_reshard.create_stream(kinesis, f"fan-out-{uuid.uuid4().hex[:12]}", 1)
+    argv = ["consumer", "deregister", "--stream", stream, "--stream", other,
+            "--consumer-name", name, "--kinesis-endpoint", kinesis_local]  # fmt: skip
+
+    assert cli.main(argv) == 0
+
+    assert capsys.readouterr().out.splitlines() == [
+        f"{stream}: deregistered {name}",
+        f"{other}: had no consumer named {name}",
+    ]
+    assert kinesis.list_stream_consumers(StreamARN=registered.stream_arn)["Consumers"] == []
+
+
+@pytest.mark.slow
 def test_registering_a_consumer_being_deleted_waits_and_registers_it_anew(
     kinesis: Any, stream: str
 ) -> None:

@@ -47,9 +47,12 @@ def test_set_options_reach_the_source_reader():
         on_trimmed="oldest",
         on_corrupt_aggregate="skip",
         kinesis_endpoint="http://127.0.0.1:4567",
+        consumer_name="clicks-efo",
     )
     options = cfg.source_options()
     assert options["kinesisEndpoint"] == "http://127.0.0.1:4567"
+    assert options["consumerName"] == "clicks-efo"
+    assert KinesisStreamReader(options).consumer_name == "clicks-efo"
     source = KinesisStreamReader(options)
     assert (source.starting, source.max_records, source.max_bytes, source.idle_poll_s) == (
         "COMMITTED",
@@ -71,6 +74,7 @@ def test_set_options_reach_the_source_reader():
         ({"on_corrupt_aggregate": "oldest"}, "--on-corrupt-aggregate 'oldest': use fail"),
         ({"kinesis_endpoint": "localhost:4567"}, "--kinesis-endpoint 'localhost:4567': expected"),
         ({"kinesis_endpoint": "ftp://host"}, "expected an http:// or https:// URL"),
+        ({"consumer_name": "my consumer"}, "--consumer-name 'my consumer': a Kinesis consumer"),
         ({"starting_position": "EARLIEST"}, "--starting-position: startingPosition 'EARLIEST'"),
         ({"starting_position": "AT_TIMESTAMP:soon"}, "AT_TIMESTAMP:<epoch seconds or ISO"),
         ({"max_records_per_shard": 0}, "--max-records-per-shard 0: must be a positive"),
