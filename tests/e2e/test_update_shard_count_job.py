@@ -13,7 +13,8 @@ query starts again from its checkpoint and runs that batch again, to the same ou
 
 Then, against a plain-Python fold of the records as put: the outputs, each exactly once and
 per key in put order (batch by batch); the state rebuilt from S3 and DynamoDB alone; and
-records from every shard generation. `tests/processor/kinesis/test_reshard.py` proves the
+records from every shard generation. It runs twice: polling, and through an enhanced
+fan-out consumer. `tests/processor/kinesis/test_reshard.py` proves the
 order at the source alone (2 → 4 → 2 → 1), `test_source_reshard_job.py` the whole job
 across splits and merges on kinesalite.
 """
@@ -41,6 +42,7 @@ from shardless.processor.local.faults import check
 from tests.e2e.test_source_reshard_job import processed
 from tests.jobs import job_config
 from tests.processor.kinesis import test_reshard
+from tests.processor.kinesis.test_fan_out_source import fan_out_ends
 from tests.processor.kinesis.test_reshard import (
     Producer,
     create_stream,
@@ -123,15 +125,20 @@ def run(spark, cfg: JobConfig, sink: FailOnce, reports: list[BatchReport]):  # n
     )
 
 
+@pytest.mark.parametrize("fan_out", [False, True], ids=["polling", "fan-out"])
 def test_the_job_stays_exact_and_in_order_while_update_shard_count_goes_1_2_4_2(
-    spark, kinesis_local: str, location: AppLocation, tmp_path: Path
+    spark, kinesis_local: str, location: AppLocation, tmp_path: Path, fan_out: bool
 ) -> None:
+    """With `fan_out`, the job reads through a stream consumer (`--consumer-name`): every
+    batch subscribes to each shard again, which kinesis-local holds about 3 s after the last
+    subscription closed, so its batches are larger and fewer."""
     kinesis = kinesis_client(kinesis_local)
     stream = create_stream(kinesis, f"u-{location.app}", 1)
     producer = Producer(kinesis, stream)  # 30 keys, one record each per round
     cfg = job_config(
         location, (stream,), tmp_path,
-        kinesis_endpoint=kinesis_local, max_records_per_shard=20, idle_poll_ms=200,
+        kinesis_endpoint=kinesis_local, max_records_per_shard=45 if fan_out else 20,
+        idle_poll_ms=200, consumer_name=f"efo-{location.app}" if fan_out else None,
     )  # fmt: skip
     out_dir = str(tmp_path / "outputs")
     sink = FailOnce(out_dir)
@@ -185,3 +192,5 @@ def test_the_job_stays_exact_and_in_order_while_update_shard_count_goes_1_2_4_2(
     every_shard = {s["ShardId"] for s in kinesis.list_shards(StreamName=stream)["Shards"]}
     assert len(every_shard) == 1 + 2 + 4 + 2
     assert shards == every_shard, "records from every generation"
+    ends = fan_out_ends(location)
+    assert ends and all(e.get("fan_out", False) == fan_out for e in ends), "how batches read"
