@@ -1,6 +1,7 @@
 """Kinesis source throughput against a plain boto3 GetRecords loop: `python -m bench.source`.
 
-One kinesalite (and moto for the source's batch ends in DynamoDB), one stream, one run:
+One kinesalite (and moto for the source's batch ends in DynamoDB), one stream, one run
+(and a kinesis-local for the fan-out pair):
 
 - **plain loop** (the baseline of the goal): a stock boto3 client reading every shard from
   TRIM_HORIZON, one shard after the other, GetRecords with Limit=10000 until the shard's
@@ -16,6 +17,10 @@ One kinesalite (and moto for the source's batch ends in DynamoDB), one stream, o
   every record counted in `foreachBatch`; with the source's default batch bounds
   (`maxRecordsPerShard` 10,000: one full GetRecords call per shard per batch) and with
   larger ones (`--large-max-records`, 100,000).
+
+- **polling against enhanced fan-out** (`fan_out_pair`): the source on a kinesis-local
+  stream (the one emulator with SubscribeToShard), polling and with `consumerName`,
+  `--efo-reps` runs each, interleaved: `efo_records_per_s` beside `polling_records_per_s`.
 
 The kinds run interleaved on the same records, `--reps` times: each rep runs the plain loop,
 the source and the plain loop again (the headline pair as close in time as possible: other
@@ -132,9 +137,15 @@ def _read_one_shard(kinesis: Any, stream: str, shard_id: str) -> tuple[int, int,
 
 
 def source_run(
-    spark: Any, stream: str, table: str, checkpoint: str, max_records: int
+    spark: Any,
+    stream: str,
+    table: str,
+    checkpoint: str,
+    max_records: int,
+    options: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Count the stream through the source in an availableNow query."""
+    """Count the stream through the source in an availableNow query (`options`: more source
+    options, such as another endpoint or `consumerName`)."""
     from shardless.processor.driver import recorder
     from shardless.processor.kinesis.batch_log import BatchLog
 
@@ -151,6 +162,7 @@ def source_run(
             table=table,
             maxRecordsPerShard=str(max_records),
             maxBytesPerShard=str(1 << 30),
+            **(options or {}),
         )
         .load()
         .writeStream.foreachBatch(count)
@@ -168,7 +180,7 @@ def source_run(
     # What the executors spent inside the shard reads (GetRecords, parsing, DynamoDB end
     # records), from the batch log, against the batches' time.
     log = BatchLog(table)
-    read_ms = calls = 0
+    read_ms = calls = ends = fan_out_ends = 0
     phases: dict[str, float] = {}
     for p in batches:
         for name, ms in p["durationMs"].items():
@@ -176,7 +188,9 @@ def source_run(
         offset = recorder.checkpoint_offset(spark, checkpoint, p["batchId"])
         for end in log.ends(offset["run"], int(offset["n"])).values():
             read_ms += end.get("read_ms", 0)
-            calls += end.get("calls", 0)
+            calls += end.get("calls", 0)  # GetRecords calls, or subscriptions with fan-out
+            ends += 1
+            fan_out_ends += bool(end.get("fan_out"))
     return {
         "records": records,
         "batches": len(batches),
@@ -186,7 +200,65 @@ def source_run(
         "wall_records_per_s": records / wall,
         "shard_read_seconds": read_ms / 1000,
         "get_records_calls": calls,
+        "shard_reads": ends,
+        "fan_out_shard_reads": fan_out_ends,
         "phases_seconds": {k: round(v, 3) for k, v in sorted(phases.items())},
+    }
+
+
+def fan_out_pair(
+    spark: Any, table: str, work: Path, records: int, shards: int, reps: int, max_records: int
+) -> dict[str, Any]:
+    """The source polling and over enhanced fan-out (`consumerName`) on one kinesis-local
+    stream (kinesalite has no consumers), `reps` runs each, interleaved: records/s of each
+    (the median) and their ratio. On kinesis-local a subscription's first event comes about
+    a second after it starts and a closed one is held about 3 s, so what fan-out measures
+    here is mostly the emulator's pace, not Kinesis' (`docs/design/enhanced-fan-out.md`)."""
+    from shardless.processor.kinesis.fan_out import deregister_consumer
+
+    aws = local_aws.start("kinesis-local", log_dir=work / "kinesis-local")
+    try:
+        kinesis = boto3.client("kinesis", endpoint_url=aws.kinesis_endpoint)
+        stream = f"{STREAM}-efo"
+        kinesis.create_stream(StreamName=stream, ShardCount=shards)
+        kinesis.get_waiter("stream_exists").wait(
+            StreamName=stream, WaiterConfig={"Delay": 0.2, "MaxAttempts": 300}
+        )
+        produce_s = produce(kinesis, stream, records, 100, 1_000)
+        log(f"kinesis-local: produced {records:,} records in {produce_s:.1f} s")
+        consumer = f"bench-{uuid.uuid4().hex[:8]}"
+        kinds = {
+            "polling": {"kinesisEndpoint": aws.kinesis_endpoint},
+            "efo": {"kinesisEndpoint": aws.kinesis_endpoint, "consumerName": consumer},
+        }
+        runs: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
+        for rep in range(reps):
+            for name in ("polling", "efo") if rep % 2 == 0 else ("efo", "polling"):
+                checkpoint = str(work / f"ck-{name}-{uuid.uuid4().hex}")
+                result = source_run(spark, stream, table, checkpoint, max_records, kinds[name])
+                if result["records"] != records:
+                    raise RuntimeError(f"{name} read {result['records']} of {records} records")
+                runs[name].append(result)
+                log(f"kinesis-local rep {rep + 1} {name}: {result['records_per_s']:,.0f} records/s")
+        deregister_consumer(kinesis, stream, consumer)
+    finally:
+        aws.stop()
+    efo = [r["records_per_s"] for r in runs["efo"]]
+    polling = [r["records_per_s"] for r in runs["polling"]]
+    return {
+        "efo_records_per_s": round(statistics.median(efo)),
+        "polling_records_per_s": round(statistics.median(polling)),
+        "efo_vs_polling": _mid([round(a / b, 3) for a, b in zip(efo, polling, strict=True)]),
+        "efo_subscriptions_per_run": statistics.median(r["get_records_calls"] for r in runs["efo"]),
+        "runs": runs,
+        "config": {
+            "emulator": "kinesis-local " + _npm_version("kinesis-local"),
+            "records": records,
+            "shards": shards,
+            "reps": reps,
+            "max_records_per_shard": max_records,
+            "produce_seconds": round(produce_s, 1),
+        },
     }
 
 
@@ -252,7 +324,6 @@ def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             log(f"rep {rep + 1} {name}: {result['records_per_s']:,.0f} records/s")
         baseline.append(statistics.mean(plains))
     load_after = os.getloadavg()[0]
-    spark.stop()
 
     def ratios(name: str, base: str | None = None, field: str = "records_per_s") -> list[float]:
         """Per rep, `name` against the rep's plain-loop baseline (or the rep's `base` run)."""
@@ -279,6 +350,15 @@ def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "goal": {"source_vs_plain_loop": GOAL},
     }
     out["goal"]["met"] = out["source_vs_plain_loop"] >= GOAL
+    if args.efo_records:
+        pair = fan_out_pair(
+            spark, loc.table, work, args.efo_records, args.efo_shards, args.efo_reps,
+            args.max_records,
+        )  # fmt: skip
+        out["efo_records_per_s"] = pair.pop("efo_records_per_s")
+        out["polling_records_per_s"] = pair.pop("polling_records_per_s")
+        out["efo_vs_polling"] = pair.pop("efo_vs_polling")
+        out["fan_out"] = pair
     out["runs"] = runs
     out["config"] = {
         "records": args.records,
@@ -299,6 +379,7 @@ def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "cpus": len(os.sched_getaffinity(0)),
         "load_average_1m_before_after": [round(load_before, 2), round(load_after, 2)],
     }
+    spark.stop()
     return out
 
 
@@ -330,7 +411,17 @@ def main(argv: list[str] | None = None) -> None:
         "--large-max-records", type=int, default=100_000, help="maxRecordsPerShard, large run"
     )
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument(
+        "--efo-records",
+        type=int,
+        help="records of the polling against fan-out pair on kinesis-local (default 10,000, "
+        "quick 3,000; 0: skip it)",
+    )
+    parser.add_argument("--efo-shards", type=int, default=2)
+    parser.add_argument("--efo-reps", type=int, default=3, help="runs of each, interleaved")
     args = parser.parse_args(argv)
+    if args.efo_records is None:
+        args.efo_records = 3_000 if args.quick else 10_000
     args.records = args.records or (60_000 if args.quick else 200_000)
     args.reps = args.reps or (2 if args.quick else 5)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
