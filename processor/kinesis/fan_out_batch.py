@@ -22,7 +22,6 @@ per batch.
 
 from __future__ import annotations
 
-import logging
 import time
 
 from shardless.processor.kinesis import fan_out
@@ -30,13 +29,11 @@ from shardless.processor.kinesis.batch_log import BatchLog
 from shardless.processor.kinesis.reader import (
     ShardRead,
     expand,
-    metrics_text,
+    finish_end,
     position_expired,
     read_batch,
     unread_arrival,
 )
-
-log = logging.getLogger(__name__)
 
 _now = time.time  # the wall clock; a module attribute so tests can move it
 
@@ -86,12 +83,7 @@ def fresh(kinesis, read: ShardRead) -> tuple[list[dict], dict]:  # noqa: ANN001
         "read_ms": round((time.monotonic() - began) * 1000),
         "since": since,
     }
-    if skipped:
-        end["skipped_aggregates"] = skipped
-    if from_oldest:
-        end["from_oldest"] = True
-    log.info("batch %s shard %s: %s", read.n, read.shard_key, metrics_text(end))
-    return records, end
+    return records, finish_end(end, read, skipped, from_oldest)
 
 
 def replay(kinesis, read: ShardRead, end: dict) -> list[dict]:  # noqa: ANN001

@@ -294,12 +294,18 @@ def _fresh(kinesis, read: ShardRead) -> tuple[list[dict], dict]:  # noqa: ANN001
         "read_ms": round((time.monotonic() - began) * 1000),
         "since": since,
     }
+    return records, finish_end(end, read, skipped, from_oldest)
+
+
+def finish_end(end: dict, read: ShardRead, skipped: int, from_oldest: bool) -> dict:
+    """A shard's batch end with the marks only some reads carry, logged: what either reader
+    (polling, or `fan_out_batch`) records for the batch."""
     if skipped:
         end["skipped_aggregates"] = skipped
     if from_oldest:
         end["from_oldest"] = True
     log.info("batch %s shard %s: %s", read.n, read.shard_key, metrics_text(end))
-    return records, end
+    return end
 
 
 def unread_arrival(
