@@ -256,9 +256,10 @@ def test_quick_run_reports_every_figure(tmp_path: Path) -> None:
     """The whole benchmark, short: the job drains a backlog, runs three load phases, loses
     an executor and is restarted; every record put comes out exactly once."""
     # Recovery is not asserted (None is an answer), so the load after each fault only
-    # needs to outlast the batches that restore the lost slices.
+    # needs to outlast the batches that restore the lost slices. The backlog must span two
+    # batches: more than 10,000 records (maxRecordsPerShard) on each of the 2 shards.
     plan = latency.Plan(
-        backlog=12_000, phase_s=4.0, settle_s=1.5, pre_kill_s=4.0, recovery_limit_s=12.0
+        backlog=30_000, phase_s=4.0, settle_s=1.5, pre_kill_s=4.0, recovery_limit_s=12.0
     )
     from shardless.processor.local import emulators as local_aws
 
@@ -269,7 +270,7 @@ def test_quick_run_reports_every_figure(tmp_path: Path) -> None:
         aws.stop()
     print(json.dumps(out, indent=1))  # shown when an assertion below fails
     assert out["exactly_once"], out["problems"]
-    assert out["records_put"] == out["records_delivered"] > 12_000
+    assert out["records_put"] == out["records_delivered"] > 30_000
     assert out["backlog"]["batches"] >= 2
     assert out["throughput_records_per_s"] > 0
     for pct in ("25pct", "50pct", "75pct"):
