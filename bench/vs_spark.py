@@ -720,7 +720,12 @@ def main(argv: list[str] | None = None) -> None:
         help="batches of a 1,000-key workload every contender runs, unmeasured, before the "
         "first measured run of a session (the JVM's JIT warm-up; 0: none)",
     )
-    parser.add_argument("--groups", type=int, default=2, help="spark.sql.shuffle.partitions")
+    parser.add_argument(
+        "--groups",
+        type=int,
+        default=0,
+        help="spark.sql.shuffle.partitions (0, the product's default: one per task slot)",
+    )
     parser.add_argument("--slices", type=int, default=SLICES, help="shardless's slice count")
     parser.add_argument(
         "--few-slices",
@@ -798,7 +803,7 @@ def main(argv: list[str] | None = None) -> None:
     out["goals"] = goals(out["workloads"])
     out["config"] = {
         "master": args.master,
-        "shuffle_partitions": args.groups,
+        "shuffle_partitions": args.groups or placement.choose_groups(args.master, {}).groups,
         "state_store_provider": ROCKSDB,
         "records_per_workload": args.records,
         "batch_records": args.batch,

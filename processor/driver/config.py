@@ -62,7 +62,14 @@ class JobConfig:
         DEFAULT_SLICES,
         help="hash slices of the application's state (fixed for the life of its state)",
     )
-    groups: int = flag(8, help="Spark shuffle partitions")
+    groups: int = flag(
+        0,
+        help=(
+            "slice groups, Spark's shuffle partitions, fixed for the life of a checkpoint; 0 "
+            "(default): one per task slot of the cluster where Spark's configuration tells, "
+            "else 8"
+        ),
+    )
     local_dir: str = flag(
         factory=default_local_dir,
         help=(
@@ -351,9 +358,10 @@ class JobConfig:
             raise ConfigError(
                 f"--metrics-port {self.metrics_port!r}: use 0 (off) or a TCP port, 1-65535"
             )
-        if not 1 <= self.groups <= self.slices:
+        if isinstance(self.groups, bool) or not 0 <= self.groups <= self.slices:
             raise ConfigError(
-                f"--groups {self.groups}: must be between 1 and slices ({self.slices})"
+                f"--groups {self.groups!r}: use 0 (one per task slot, the default) or between "
+                f"1 and slices ({self.slices})"
             )
 
     def _check_source(self) -> None:

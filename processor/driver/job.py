@@ -118,7 +118,8 @@ def prepare(cfg: JobConfig, spark: SparkSession | None = None) -> None:
 
 def partitions_for(spark: SparkSession, cfg: JobConfig) -> tuple[int, tuple[int, int] | None]:
     """The shuffle partitions the groups are laid out for (the checkpoint's, when it fixed
-    them), and the checkpoint's layout (partitions, sources), None for a new checkpoint."""
+    them, else the session's: `--groups 0` leaves the count to `session()`), and the
+    checkpoint's layout (partitions, sources), None for a new checkpoint."""
     from shardless.processor.driver import recorder
 
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
@@ -135,7 +136,16 @@ def partitions_for(spark: SparkSession, cfg: JobConfig) -> tuple[int, tuple[int,
             fixed_by_checkpoint,
         )
         partitions = fixed_by_checkpoint
-    if partitions != cfg.groups:
+    elif cfg.groups == 0 and partitions > cfg.slices:  # a session not sized for the slices
+        log.warning(
+            "spark.sql.shuffle.partitions=%s is more than the %s slices: %s groups",
+            partitions,
+            cfg.slices,
+            cfg.slices,
+        )
+        partitions = cfg.slices
+        spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+    if cfg.groups and partitions != cfg.groups:
         log.warning(
             "spark.sql.shuffle.partitions=%s, groups=%s: using %s",
             partitions,

@@ -1,13 +1,19 @@
-"""Who runs a group's batches when `--group-owner auto` (the default) is left to choose.
+"""What the defaults `--group-owner auto` and `--groups 0` choose from the cluster's shape.
 
-An executor that runs several tasks at once has several Python workers, and Spark hands a
-task whichever is idle: a group then changes process from batch to batch and each move
-costs a catch-up of its slices (`docs/deployment.md`). One owner process per group and host
-(`process`) keeps the group in one process; it needs Linux (abstract Unix sockets). An
-executor that runs one task at a time keeps each group in its one worker already, and an
-owner would only add the hop of carrying the records across. So `auto` is `process` where
-executors run several tasks at once on Linux, and `worker` everywhere else, with the
-reason logged.
+**Groups.** Each group is one task per batch, and a task has a fixed cost of Spark and
+Python start-up whatever its records. One group per task slot runs a batch in one wave of
+tasks; more groups than slots queue them, and every wave adds that cost to each batch and
+to the latency of its records (`docs/benchmarks.md`, latency). So `--groups 0` (the
+default) is one group per task slot where Spark's configuration tells the slots, else 8.
+
+**Group owner.** An executor that runs several tasks at once has several Python workers,
+and Spark hands a task whichever is idle: a group then changes process from batch to batch
+and each move costs a catch-up of its slices (`docs/deployment.md`). One owner process per
+group and host (`process`) keeps the group in one process; it needs Linux (abstract Unix
+sockets). An executor that runs one task at a time keeps each group in its one worker
+already, and an owner would only add the hop of carrying the records across. So `auto` is
+`process` where executors run several tasks at once on Linux, and `worker` everywhere
+else, with the reason logged.
 """
 
 from __future__ import annotations
@@ -21,7 +27,21 @@ from dataclasses import dataclass
 from shardless.processor.errors import ConfigError
 
 _LOCAL = re.compile(r"local(?:\[(?P<threads>\*|\d+)(?:,\s*\d+)?\])?$")
-_LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*\d+\s*,\s*(?P<cores>\d+)\s*,\s*\d+\s*\]$")
+_LOCAL_CLUSTER = re.compile(
+    r"local-cluster\[\s*(?P<executors>\d+)\s*,\s*(?P<cores>\d+)\s*,\s*\d+\s*\]$"
+)
+
+
+DEFAULT_GROUPS = 8  # when the cluster's slots are unknown
+MAX_GROUPS = 4096
+
+
+@dataclass(frozen=True)
+class GroupsChoice:
+    """The group count a new checkpoint gets from `--groups 0`, and why (one log line)."""
+
+    groups: int
+    why: str
 
 
 @dataclass(frozen=True)
@@ -60,6 +80,46 @@ def tasks_per_executor(master: str, conf: Mapping[str, str], cpus: int | None = 
         cores = 1  # YARN, Kubernetes
     task_cpus = _positive(conf, "spark.task.cpus") if "spark.task.cpus" in conf else 1
     return max(1, cores // task_cpus)
+
+
+def task_slots(master: str, conf: Mapping[str, str], cpus: int | None = None) -> int | None:
+    """How many tasks the cluster runs at once: executors times `tasks_per_executor`, None
+    when the configuration does not say how many executors there will be (a standalone
+    cluster without `spark.executor.instances`, dynamic allocation without a maximum)."""
+    tasks = tasks_per_executor(master, conf, cpus)
+    if _LOCAL.match(master):
+        return tasks
+    cluster = _LOCAL_CLUSTER.match(master)
+    if cluster:
+        return int(cluster.group("executors")) * tasks
+    if conf.get("spark.dynamicAllocation.enabled", "false").strip().lower() == "true":
+        most = conf.get("spark.dynamicAllocation.maxExecutors", "").strip()
+        if not most.isdigit() or int(most) > MAX_GROUPS:
+            return None
+        return int(most) * tasks
+    if "spark.executor.instances" in conf:
+        return _positive(conf, "spark.executor.instances") * tasks
+    if master.startswith(("yarn", "k8s://")):
+        return 2 * tasks  # both start two executors unless told
+    return None
+
+
+def choose_groups(master: str, conf: Mapping[str, str], cpus: int | None = None) -> GroupsChoice:
+    """The group count `--groups 0` gives a new checkpoint: one per task slot (at most
+    MAX_GROUPS), else DEFAULT_GROUPS when the configuration does not tell the slots."""
+    slots = task_slots(master, conf, cpus)
+    if slots is None:
+        return GroupsChoice(
+            DEFAULT_GROUPS,
+            f"--groups 0: Spark's configuration does not say how many executors {master} "
+            f"will have (set spark.executor.instances or --groups): {DEFAULT_GROUPS} groups",
+        )
+    groups = min(slots, MAX_GROUPS)
+    return GroupsChoice(
+        groups,
+        f"--groups 0: {master} runs {slots} tasks at once, one group per task slot: "
+        f"{groups} groups",
+    )
 
 
 def choose_group_owner(choice: str, tasks: int, platform: str = sys.platform) -> OwnerChoice:

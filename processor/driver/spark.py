@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
 from pyspark.sql import SparkSession
 
+from shardless.processor.driver import placement
 from shardless.processor.driver.timer_source import TimerDataSource
 from shardless.processor.kinesis.source import KinesisDataSource
 from shardless.processor.tools.state_source import StateDataSource
@@ -15,6 +17,8 @@ _FORWARDED_ENV = ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION", "SHARD
 
 
 DEFAULT_MASTER = "local[2]"
+
+log = logging.getLogger(__name__)
 
 
 def launched_by_spark_submit() -> bool:
@@ -26,7 +30,7 @@ def launched_by_spark_submit() -> bool:
 
 
 def session(
-    master: str | None = None, groups: int = 8, app_name: str = "shardless", ui: bool = True
+    master: str | None = None, groups: int = 0, app_name: str = "shardless", ui: bool = True
 ) -> SparkSession:
     """Create (or reuse) the process's session, with the Kinesis and state sources registered.
 
@@ -35,7 +39,8 @@ def session(
     deployment sets it), where its Structured Streaming tab shows shardless's figures;
     `ui=False` turns it off, for tests and the demo.
     Workers must run this interpreter (its packages), and Python workers are reused so that
-    slice stores stay open between batches.
+    slice stores stay open between batches. `groups` sets `spark.sql.shuffle.partitions`;
+    0: one per task slot of the session's cluster, else 8 (`placement.choose_groups`).
     """
     if master is None and not launched_by_spark_submit():
         master = DEFAULT_MASTER
@@ -53,7 +58,6 @@ def session(
         builder = builder.config("spark.ui.enabled", "false")
     spark = (
         builder.appName(app_name)
-        .config("spark.sql.shuffle.partitions", str(groups))
         .config("spark.python.worker.reuse", "true")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
@@ -61,6 +65,12 @@ def session(
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")
+    if groups == 0:
+        sc = spark.sparkContext
+        choice = placement.choose_groups(sc.master, dict(sc.getConf().getAll()))
+        groups = choice.groups
+        log.info("%s", choice.why)
+    spark.conf.set("spark.sql.shuffle.partitions", str(groups))
     spark.dataSource.register(KinesisDataSource)
     spark.dataSource.register(StateDataSource)
     spark.dataSource.register(TimerDataSource)

@@ -121,7 +121,7 @@ def test_a_shardless_variable_sets_a_run_option():
     assert (args.app, args.streams, args.snapshot_every) == ("clicks", ["a", "b"], 16)
     assert args.transfer_process_mb == 8.0 and isinstance(args.transfer_process_mb, float)
     assert (args.on_trimmed, args.allow_recount, args.master) == ("oldest", True, "local[1]")
-    assert args.groups == 8
+    assert args.groups == 0  # the default: one group per task slot
     assert args.set_by["snapshot_every"] == "SHARDLESS_SNAPSHOT_EVERY"
     cfg = job_config(args, checkpoint="/ck", local_dir="/stores")
     assert (cfg.streams, cfg.snapshot_every, cfg.allow_recount) == (("a", "b"), 16, True)
@@ -175,10 +175,10 @@ def test_the_command_line_beats_the_environment_which_beats_the_file(tmp_path):
         return cli.parse_args([*RUN, "--app", "a", *argv], env=env)
 
     assert parsed(["--groups", "4", "--stream", "s"], env).groups == 4
-    assert parsed(["--groups", "8"], env).groups == 8  # given, though equal to the default
+    assert parsed(["--groups", "0"], env).groups == 0  # given, though equal to the default
     assert parsed([], env).groups == 3
     assert parsed([], {"SHARDLESS_CONFIG": path}).groups == 2
-    assert parsed(["--stream", "s"], {}).groups == 8
+    assert parsed(["--stream", "s"], {}).groups == 0
     # a repeated flag replaces the environment's list, which replaces the file's
     assert parsed(["--stream", "s", "--stream", "t"], env).streams == ["s", "t"]
     assert parsed([], env).streams == ["from-env"]

@@ -1,12 +1,19 @@
 """`--group-owner auto` (the default): owner processes where an executor runs several tasks
-at once on Linux, the Python worker everywhere else, and the reason said."""
+at once on Linux, the Python worker everywhere else, and the reason said. `--groups 0`
+(the default): one group per task slot where Spark's configuration tells, else 8."""
 
 from __future__ import annotations
 
 import pytest
 
 from shardless.processor.driver.config import JobConfig
-from shardless.processor.driver.placement import choose_group_owner, tasks_per_executor
+from shardless.processor.driver.placement import (
+    DEFAULT_GROUPS,
+    choose_group_owner,
+    choose_groups,
+    task_slots,
+    tasks_per_executor,
+)
 from shardless.processor.errors import ConfigError
 
 
@@ -75,3 +82,91 @@ def test_the_runtime_is_never_handed_an_unresolved_auto():
     with pytest.raises(ValueError, match="resolve --group-owner auto first"):
         runtime_config(cfg, 4)
     assert runtime_config(cfg, 4, "process").group_owner == "process"
+
+
+@pytest.mark.parametrize(
+    ("master", "conf", "slots"),
+    [
+        ("local", {}, 1),
+        ("local[2]", {}, 2),
+        ("local[*]", {}, 6),
+        ("local[4]", {"spark.task.cpus": "2"}, 2),
+        ("local-cluster[2,1,1024]", {}, 2),
+        ("local-cluster[3, 2, 1024]", {}, 6),
+        ("yarn", {}, 2),  # two executors of one core unless told
+        ("k8s://https://api:6443", {"spark.executor.cores": "4"}, 8),
+        ("yarn", {"spark.executor.instances": "10", "spark.executor.cores": "4"}, 40),
+        ("spark://host:7077", {"spark.executor.instances": "3", "spark.executor.cores": "2"}, 6),
+        ("spark://host:7077", {}, None),  # as many executors as the workers have room for
+        ("yarn", {"spark.dynamicAllocation.enabled": "true"}, None),
+        (
+            "yarn",
+            {
+                "spark.dynamicAllocation.enabled": "true",
+                "spark.dynamicAllocation.maxExecutors": "5",
+            },
+            5,
+        ),
+        (
+            "yarn",
+            {
+                "spark.dynamicAllocation.enabled": "true",
+                "spark.dynamicAllocation.maxExecutors": "2147483647",  # Spark's default
+                "spark.executor.instances": "4",
+            },
+            None,
+        ),
+    ],
+)
+def test_task_slots_are_executors_times_their_tasks(master, conf, slots):
+    assert task_slots(master, conf, cpus=6) == slots
+
+
+def test_groups_are_one_per_task_slot_else_eight_and_say_why():
+    two = choose_groups("local-cluster[2,1,1024]", {})
+    assert two.groups == 2 and "runs 2 tasks at once" in two.why
+    unknown = choose_groups("spark://host:7077", {})
+    assert unknown.groups == DEFAULT_GROUPS == 8
+    assert "spark.executor.instances or --groups" in unknown.why
+    many = choose_groups("yarn", {"spark.executor.instances": "5000"})
+    assert many.groups == 4096  # at most MAX_GROUPS; the job then keeps it to the slices
+
+
+@pytest.mark.parametrize("bad", ["0", "two"])
+def test_a_bad_executor_count_is_named(bad):
+    with pytest.raises(ConfigError, match=f"spark.executor.instances={bad!r}"):
+        task_slots("yarn", {"spark.executor.instances": bad})
+
+
+def test_groups_default_to_zero_and_a_bad_count_is_refused():
+    base = dict(app="app", streams=("s",), checkpoint="/tmp/c", slices=16)
+    assert JobConfig(**base).groups == 0
+    assert JobConfig(**base, groups=16).groups == 16
+    for bad in (-1, 17, True):
+        with pytest.raises(ConfigError, match=r"--groups .*use 0 \(one per task slot"):
+            JobConfig(**base, groups=bad)
+
+
+def test_the_session_lays_out_one_group_per_slot_and_the_job_keeps_it_to_the_slices(
+    spark, tmp_path, caplog
+):
+    """`session()` with `--groups 0` sets the shuffle partitions from its cluster (local[2]:
+    2); a job with `--groups 0` takes the session's count, at most one group per slice."""
+    from shardless.processor.driver.job import partitions_for
+    from shardless.processor.driver.spark import session
+
+    key = "spark.sql.shuffle.partitions"
+    before = spark.conf.get(key)
+    try:
+        assert session("local[2]", groups=0, ui=False) is spark
+        assert spark.conf.get(key) == "2"
+        base = dict(app="app", streams=("s",), checkpoint=str(tmp_path / "new"))
+        with caplog.at_level("WARNING"):
+            assert partitions_for(spark, JobConfig(**base, slices=16)) == (2, None)
+        assert not caplog.records  # the job's own choice is no mismatch
+        spark.conf.set(key, "64")
+        assert partitions_for(spark, JobConfig(**base, slices=16)) == (16, None)
+        assert spark.conf.get(key) == "16"  # Spark lays a new checkpoint out with it too
+        assert "more than the 16 slices" in caplog.text
+    finally:
+        spark.conf.set(key, before)
