@@ -193,7 +193,18 @@ def recovery_phase(
         "restored_bytes": sum(r.get("restored_bytes", 0) for r in reports),
         "restore_seconds_max": max((r.get("restore_seconds_max", 0) for r in reports), default=0),
         "batches_reported": len(reports),
+        "group_processes_before": group_processes(job.reports()[:reports_before]),
+        "group_processes_at_end": group_processes(reports),
     }
+
+
+def group_processes(reports: list[dict[str, Any]]) -> int | None:
+    """How many processes ran the groups in the last of `reports` that called every group
+    (a batch without records for a group does not call it); None without such a report."""
+    full = [r["group_pids"] for r in reports if r.get("group_pids")]
+    most = max((len(g) for g in full), default=0)
+    last = [g for g in full if len(g) == most]
+    return len(set(last[-1].values())) if last else None
 
 
 def run(plan: Plan, aws: local_aws.LocalAws, work: Path, seed: int = 7) -> dict[str, Any]:

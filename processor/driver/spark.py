@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 
+from pyspark import SparkConf
 from pyspark.sql import SparkSession
 
 from shardless.processor.driver import placement
@@ -17,6 +18,12 @@ _FORWARDED_ENV = ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION", "SHARD
 
 
 DEFAULT_MASTER = "local[2]"
+# Spark waits up to this long for a task's preferred executor, and a slice group prefers
+# the executor that last ran it. With Spark's 3 s, a group whose executor was lost never
+# moves back to the replacement: the survivor frees up sooner, so the queued group runs
+# there, after the group already there, for the rest of the run. With 0 each group still
+# gets its own executor whenever that one is free, as at the start of every batch.
+LOCALITY_WAIT = "spark.locality.wait"
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +46,8 @@ def session(
     deployment sets it), where its Structured Streaming tab shows shardless's figures;
     `ui=False` turns it off, for tests and the demo.
     Workers must run this interpreter (its packages), and Python workers are reused so that
-    slice stores stay open between batches. `groups` sets `spark.sql.shuffle.partitions`;
+    slice stores stay open between batches. Tasks wait for no executor (`LOCALITY_WAIT`
+    0, unless the deployment sets it). `groups` sets `spark.sql.shuffle.partitions`;
     0: one per task slot of the session's cluster, else 8 (`placement.choose_groups`).
     """
     if master is None and not launched_by_spark_submit():
@@ -56,6 +64,8 @@ def session(
                 builder = builder.config(f"spark.executorEnv.{name}", value)
     if not ui:
         builder = builder.config("spark.ui.enabled", "false")
+    if not SparkConf().contains(LOCALITY_WAIT):  # spark-submit's --conf or defaults win
+        builder = builder.config(LOCALITY_WAIT, "0")
     spark = (
         builder.appName(app_name)
         .config("spark.python.worker.reuse", "true")

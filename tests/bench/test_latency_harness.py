@@ -239,6 +239,18 @@ def test_producer_stops_when_asked() -> None:
     assert len(asked) == 2 and phase["ended"] - phase["started"] < 5
 
 
+def test_group_processes_are_counted_in_the_last_batch_that_called_every_group() -> None:
+    reports = [
+        {"group_pids": {"0": 10, "2": 11}},
+        {"group_pids": {"0": 10, "2": 10}},
+        {"group_pids": {"2": 12}},  # group 0 had no records: not called
+        {"group_pids": {}},
+    ]
+    assert latency.group_processes(reports) == 1
+    assert latency.group_processes(reports[:1]) == 2
+    assert latency.group_processes([{"group_pids": {}}, {}]) is None
+
+
 def test_batch_seconds_are_those_of_the_batches_asked_for_last_report_wins() -> None:
     progress = [
         {"batch": 3, "input_rows": 5, "duration_ms": {"triggerExecution": 1500}},
@@ -287,6 +299,8 @@ def test_quick_run_reports_every_figure(tmp_path: Path) -> None:
     assert kill["fault"]["processes"] >= 2 and kill["fault"]["stores_removed"] > 0
     assert out["restored_slices"] > 0 and out["restored_bytes"] > 0
     assert out["recovery_s_executor_kill"] is None or out["recovery_s_executor_kill"] > 0
+    # the groups spread over both executors again once the lost one was replaced
+    assert kill["group_processes_before"] == kill["group_processes_at_end"] == 2, kill
     restart = out["driver_restart"]
     assert restart["fault"]["processes"] >= 3 and restart["batches_reported"] > 0
     assert out["recovery_s_driver_restart"] is None or out["recovery_s_driver_restart"] > 0

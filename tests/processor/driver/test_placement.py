@@ -159,6 +159,8 @@ def test_the_session_lays_out_one_group_per_slot_and_the_job_keeps_it_to_the_sli
     before = spark.conf.get(key)
     try:
         assert session("local[2]", groups=0, ui=False) is spark
+        # a group goes to a free executor at once, not after the one it last ran on
+        assert spark.sparkContext.getConf().get("spark.locality.wait") == "0"
         assert spark.conf.get(key) == "2"
         base = dict(app="app", streams=("s",), checkpoint=str(tmp_path / "new"))
         with caplog.at_level("WARNING"):
