@@ -102,6 +102,7 @@ def _sink(args: argparse.Namespace, app: App) -> Sink:
 
 def _run(args: argparse.Namespace) -> int:
     from shardless.processor.api.app import load_app
+    from shardless.processor.driver import recorder
     from shardless.processor.driver.flags import job_config
     from shardless.processor.driver.job import start
     from shardless.processor.driver.spark import session
@@ -112,7 +113,9 @@ def _run(args: argparse.Namespace) -> int:
         sink = _sink(args, app)
     except ConfigError as exc:  # say so when the value it names came from a variable or file
         raise settings.located(exc, getattr(args, "set_by", {})) from exc
-    spark = session(args.master, groups=cfg.groups, app_name=f"shardless-{cfg.app}")
+    # A checkpoint's own group count wins over --groups; size the session for it.
+    groups = cfg.groups or recorder.local_checkpoint_partitions(cfg.checkpoint) or 0
+    spark = session(args.master, groups=groups, app_name=f"shardless-{cfg.app}")
     query = start(
         spark,
         app.handlers,

@@ -31,6 +31,7 @@ from shardless.processor.driver import (
 )
 from shardless.processor.driver.config import JobConfig
 from shardless.processor.driver.imports import check_import_done
+from shardless.processor.driver.spark import LOCALITY_WAIT
 from shardless.processor.errors import ConfigError
 from shardless.processor.kinesis.shards import list_shards
 from shardless.processor.runtime.group_runner import (
@@ -151,6 +152,21 @@ def partitions_for(spark: SparkSession, cfg: JobConfig) -> tuple[int, tuple[int,
             partitions,
             cfg.groups,
             partitions,
+        )
+    sc = spark.sparkContext
+    conf = dict(sc.getConf().getAll())
+    slots = placement.task_slots(sc.master, conf)
+    waits = conf.get(LOCALITY_WAIT) not in ("0", "0s", "0ms")
+    if not waits and not placement.no_locality_wait(partitions, slots):
+        log.warning(
+            "%s groups on %s task slots with %s=0: a group queued behind another moves to "
+            "whichever executor is free and catches up its slices there; set %s (Spark's "
+            "default is 3s), or start a new checkpoint with --groups 0 --starting-position "
+            "COMMITTED",
+            partitions,
+            slots,
+            LOCALITY_WAIT,
+            LOCALITY_WAIT,
         )
     if cfg.slices > 100 * partitions:
         log.warning(

@@ -122,6 +122,13 @@ def choose_groups(master: str, conf: Mapping[str, str], cpus: int | None = None)
     )
 
 
+def no_locality_wait(groups: int, slots: int | None) -> bool:
+    """Whether a group's task may go to any free executor at once (`spark.locality.wait`
+    0) rather than wait for the one it last ran on: when every group has a task slot of
+    its own, its executor is free at the start of each batch unless it was lost."""
+    return slots is not None and groups <= slots
+
+
 def choose_group_owner(choice: str, tasks: int, platform: str = sys.platform) -> OwnerChoice:
     """The owner for `--group-owner choice` when executors run `tasks` tasks at once."""
     if choice in ("worker", "process"):

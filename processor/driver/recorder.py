@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -69,6 +70,21 @@ def checkpoint_layout(spark: Any, checkpoint: str) -> tuple[int | None, int] | N
     lines = _read_lines(spark, f"{offsets}/{max(batches)}")  # v1 / metadata / one per source
     found = json.loads(lines[1]).get("conf", {}).get("spark.sql.shuffle.partitions")
     return (None if found is None else int(found)), len(lines) - 2
+
+
+def local_checkpoint_partitions(checkpoint: str) -> int | None:
+    """The shuffle partitions a checkpoint on this machine's disk fixed (`checkpoint_layout`
+    without a session: the command sizes its session with it); None for a new checkpoint,
+    one that did not record them, or one on a remote file system."""
+    if "://" in checkpoint and not checkpoint.startswith("file://"):
+        return None
+    offsets = Path(checkpoint.removeprefix("file://")) / "offsets"
+    batches = [int(p.name) for p in offsets.glob("*") if p.name.isdigit()]
+    if not batches:
+        return None
+    lines = (offsets / str(max(batches))).read_text().splitlines()
+    found = json.loads(lines[1]).get("conf", {}).get("spark.sql.shuffle.partitions")
+    return None if found is None else int(found)
 
 
 def checkpoint_query(spark: Any, checkpoint: str) -> str:

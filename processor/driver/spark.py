@@ -20,9 +20,10 @@ _FORWARDED_ENV = ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION", "SHARD
 DEFAULT_MASTER = "local[2]"
 # Spark waits up to this long for a task's preferred executor, and a slice group prefers
 # the executor that last ran it. With Spark's 3 s, a group whose executor was lost never
-# moves back to the replacement: the survivor frees up sooner, so the queued group runs
-# there, after the group already there, for the rest of the run. With 0 each group still
-# gets its own executor whenever that one is free, as at the start of every batch.
+# moves to the replacement: the survivor frees up sooner, so the group runs there, after
+# the group already there, for the rest of the run. With at most one group per task slot,
+# 0 loses nothing: at the start of every batch each group's executor is free. With more
+# groups than slots it would move queued groups every batch, so it is left alone.
 LOCALITY_WAIT = "spark.locality.wait"
 
 log = logging.getLogger(__name__)
@@ -46,9 +47,10 @@ def session(
     deployment sets it), where its Structured Streaming tab shows shardless's figures;
     `ui=False` turns it off, for tests and the demo.
     Workers must run this interpreter (its packages), and Python workers are reused so that
-    slice stores stay open between batches. Tasks wait for no executor (`LOCALITY_WAIT`
-    0, unless the deployment sets it). `groups` sets `spark.sql.shuffle.partitions`;
+    slice stores stay open between batches. `groups` sets `spark.sql.shuffle.partitions`;
     0: one per task slot of the session's cluster, else 8 (`placement.choose_groups`).
+    With at most one group per slot, tasks wait for no executor (`LOCALITY_WAIT` 0,
+    unless the deployment sets it).
     """
     if master is None and not launched_by_spark_submit():
         master = DEFAULT_MASTER
@@ -64,7 +66,15 @@ def session(
                 builder = builder.config(f"spark.executorEnv.{name}", value)
     if not ui:
         builder = builder.config("spark.ui.enabled", "false")
-    if not SparkConf().contains(LOCALITY_WAIT):  # spark-submit's --conf or defaults win
+    deployed = SparkConf()  # spark-submit's --conf and spark-defaults.conf
+    where = master or deployed.get("spark.master", DEFAULT_MASTER)
+    settings = dict(deployed.getAll())
+    if groups == 0:
+        choice = placement.choose_groups(where, settings)
+        groups = choice.groups
+        log.info("%s", choice.why)
+    slots = placement.task_slots(where, settings)
+    if placement.no_locality_wait(groups, slots) and not deployed.contains(LOCALITY_WAIT):
         builder = builder.config(LOCALITY_WAIT, "0")
     spark = (
         builder.appName(app_name)
@@ -75,11 +85,6 @@ def session(
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")
-    if groups == 0:
-        sc = spark.sparkContext
-        choice = placement.choose_groups(sc.master, dict(sc.getConf().getAll()))
-        groups = choice.groups
-        log.info("%s", choice.why)
     spark.conf.set("spark.sql.shuffle.partitions", str(groups))
     spark.dataSource.register(KinesisDataSource)
     spark.dataSource.register(StateDataSource)

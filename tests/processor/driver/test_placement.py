@@ -4,6 +4,8 @@ at once on Linux, the Python worker everywhere else, and the reason said. `--gro
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from shardless.processor.driver.config import JobConfig
@@ -11,6 +13,7 @@ from shardless.processor.driver.placement import (
     DEFAULT_GROUPS,
     choose_group_owner,
     choose_groups,
+    no_locality_wait,
     task_slots,
     tasks_per_executor,
 )
@@ -159,8 +162,8 @@ def test_the_session_lays_out_one_group_per_slot_and_the_job_keeps_it_to_the_sli
     before = spark.conf.get(key)
     try:
         assert session("local[2]", groups=0, ui=False) is spark
-        # a group goes to a free executor at once, not after the one it last ran on
-        assert spark.sparkContext.getConf().get("spark.locality.wait") == "0"
+        # made with 4 groups on 2 slots, queued groups wait for their executor as in Spark
+        assert spark.sparkContext.getConf().get("spark.locality.wait", "3s") != "0"
         assert spark.conf.get(key) == "2"
         base = dict(app="app", streams=("s",), checkpoint=str(tmp_path / "new"))
         with caplog.at_level("WARNING"):
@@ -172,3 +175,27 @@ def test_the_session_lays_out_one_group_per_slot_and_the_job_keeps_it_to_the_sli
         assert "more than the 16 slices" in caplog.text
     finally:
         spark.conf.set(key, before)
+
+
+def test_tasks_skip_the_locality_wait_only_where_every_group_has_a_slot():
+    """After an executor loss its groups must be free to move to the replacement; with
+    more groups than slots, a queued group must wait for its own executor instead."""
+    assert no_locality_wait(2, 2) and no_locality_wait(1, 4)
+    assert not no_locality_wait(8, 2)
+    assert not no_locality_wait(2, None)  # slots unknown: Spark's wait
+
+
+def test_the_command_sizes_its_session_by_a_local_checkpoints_own_groups(tmp_path):
+    from shardless.processor.driver.recorder import local_checkpoint_partitions
+
+    checkpoint = tmp_path / "checkpoint"
+    assert local_checkpoint_partitions(str(checkpoint)) is None  # new
+    offsets = checkpoint / "offsets"
+    offsets.mkdir(parents=True)
+    meta = {"batchWatermarkMs": 0, "conf": {"spark.sql.shuffle.partitions": "8"}}
+    (offsets / "0").write_text('v1\n{"conf": {}}\n{}\n')
+    (offsets / "1").write_text(f"v1\n{json.dumps(meta)}\n{{}}\n{{}}\n")
+    (offsets / ".1.crc").write_text("")
+    assert local_checkpoint_partitions(str(checkpoint)) == 8  # the newest entry's
+    assert local_checkpoint_partitions(f"file://{checkpoint}") == 8
+    assert local_checkpoint_partitions("s3://bucket/checkpoint") is None  # Spark reads it
