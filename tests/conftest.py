@@ -39,9 +39,25 @@ def aws(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_aws.LocalAws
 def spark(aws: local_aws.LocalAws):  # noqa: ANN201
     from shardless.processor.driver.spark import session
 
-    s = session("local[2]", groups=4, app_name="shardless-tests", ui=False)
+    s = session("local[2]", groups=int(SUITE_GROUPS), app_name="shardless-tests", ui=False)
     yield s
     s.stop()
+
+
+SUITE_GROUPS = "2"  # one per task slot of the suite's local[2]
+
+
+@pytest.fixture(autouse=True)
+def _suite_groups() -> Iterator[None]:
+    """Put the session's group count back after each test: an in-process `shardless run
+    --groups 4` sizes the one SparkSession for its job, which later tests would inherit."""
+    yield
+    if "pyspark" in sys.modules:
+        from pyspark.sql import SparkSession
+
+        active = SparkSession.getActiveSession()
+        if active is not None:
+            active.conf.set("spark.sql.shuffle.partitions", SUITE_GROUPS)
 
 
 @pytest.fixture(autouse=True)

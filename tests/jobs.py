@@ -23,14 +23,15 @@ def job_config(
     checkpoint: str = "checkpoint",
     **fields: Any,
 ) -> JobConfig:
-    """The test's application reading `streams`, 16 slices in 4 groups, its checkpoint and
-    stores under `tmp_path`; `fields` override or add any other setting."""
+    """The test's application reading `streams`, 16 slices in 2 groups (one per task slot of
+    the suite's local[2], as `--groups 0` would choose), its checkpoint and stores under
+    `tmp_path`; `fields` override or add any other setting."""
     defaults: dict[str, Any] = {
         "app": location.app,
         "streams": streams,
         "checkpoint": str(tmp_path / checkpoint),
         "slices": 16,
-        "groups": 4,
+        "groups": 2,
         "local_dir": str(tmp_path / "stores"),
         # `auto` (the default) runs owner processes under the suite's local[2]: 4 more
         # processes to start per job, about a fifth more time per Spark test. The suite

@@ -265,13 +265,19 @@ def test_batch_seconds_are_those_of_the_batches_asked_for_last_report_wins() -> 
 
 @pytest.mark.slow
 def test_quick_run_reports_every_figure(tmp_path: Path) -> None:
-    """The whole benchmark, short: the job drains a backlog, runs three load phases, loses
-    an executor and is restarted; every record put comes out exactly once."""
-    # Recovery is not asserted (None is an answer), so the load after each fault only
+    """The whole benchmark, short: the job drains a backlog, runs three load phases and
+    loses an executor; every record put comes out exactly once. (The driver restart is
+    the same recovery phase with another fault; the suite leaves its Spark start out.)"""
+    # Recovery is not asserted (None is an answer), so the load after the fault only
     # needs to outlast the batches that restore the lost slices. The backlog must span two
     # batches: more than 10,000 records (maxRecordsPerShard) on each of the 2 shards.
     plan = latency.Plan(
-        backlog=30_000, phase_s=4.0, settle_s=1.5, pre_kill_s=4.0, recovery_limit_s=12.0
+        backlog=30_000,
+        phase_s=4.0,
+        settle_s=1.5,
+        pre_kill_s=4.0,
+        recovery_limit_s=12.0,
+        driver_restart=False,
     )
     from shardless.processor.local import emulators as local_aws
 
@@ -301,9 +307,7 @@ def test_quick_run_reports_every_figure(tmp_path: Path) -> None:
     assert out["recovery_s_executor_kill"] is None or out["recovery_s_executor_kill"] > 0
     # the groups spread over both executors again once the lost one was replaced
     assert kill["group_processes_before"] == kill["group_processes_at_end"] == 2, kill
-    restart = out["driver_restart"]
-    assert restart["fault"]["processes"] >= 3 and restart["batches_reported"] > 0
-    assert out["recovery_s_driver_restart"] is None or out["recovery_s_driver_restart"] > 0
+    assert "driver_restart" not in out and "recovery_s_driver_restart" not in out
     assert out["sink_calls"] >= out["batches_delivered"]
 
 
