@@ -68,8 +68,13 @@ def checkpoint_layout(spark: Any, checkpoint: str) -> tuple[int | None, int] | N
     if not batches:
         return None
     lines = _read_lines(spark, f"{offsets}/{max(batches)}")  # v1 / metadata / one per source
-    found = json.loads(lines[1]).get("conf", {}).get("spark.sql.shuffle.partitions")
-    return (None if found is None else int(found)), len(lines) - 2
+    return _partitions(lines), len(lines) - 2
+
+
+def _partitions(offset_lines: list[str]) -> int | None:
+    """The shuffle partitions an offset log entry's metadata line records, if any."""
+    found = json.loads(offset_lines[1]).get("conf", {}).get("spark.sql.shuffle.partitions")
+    return None if found is None else int(found)
 
 
 def local_checkpoint_partitions(checkpoint: str) -> int | None:
@@ -82,9 +87,7 @@ def local_checkpoint_partitions(checkpoint: str) -> int | None:
     batches = [int(p.name) for p in offsets.glob("*") if p.name.isdigit()]
     if not batches:
         return None
-    lines = (offsets / str(max(batches))).read_text().splitlines()
-    found = json.loads(lines[1]).get("conf", {}).get("spark.sql.shuffle.partitions")
-    return None if found is None else int(found)
+    return _partitions((offsets / str(max(batches))).read_text().splitlines())
 
 
 def checkpoint_query(spark: Any, checkpoint: str) -> str:

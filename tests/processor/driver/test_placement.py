@@ -162,6 +162,7 @@ def test_the_session_lays_out_one_group_per_slot_and_the_job_keeps_it_to_the_sli
     key = "spark.sql.shuffle.partitions"
     before = spark.conf.get(key)
     try:
+        spark.conf.set(key, "5")  # session() must size it again, not find it so
         assert session("local[2]", groups=0, ui=False) is spark
         # made with 2 groups on local[2]'s 2 slots: a group goes to a free executor at once
         assert spark.sparkContext.getConf().get("spark.locality.wait") == "0"
