@@ -72,7 +72,7 @@ def test_a_job_submitted_to_a_standalone_cluster_survives_a_lost_worker_exactly_
     kinesis, make_stream, location: AppLocation, tmp_path: Path
 ) -> None:
     stream = make_stream(2)
-    cfg = job_config(location, (stream,), tmp_path, groups=4, local_dir="stores")
+    cfg = job_config(location, (stream,), tmp_path, groups=2, local_dir="stores")
     archive, pack, out_dir = tmp_path / "env.tar.gz", tmp_path / "pack", tmp_path / "outputs"
     launcher = tmp_path / "shardless_main.py"
     launcher.write_text(LAUNCHER)
