@@ -87,7 +87,13 @@ def local_checkpoint_partitions(checkpoint: str) -> int | None:
     batches = [int(p.name) for p in offsets.glob("*") if p.name.isdigit()]
     if not batches:
         return None
-    return _partitions((offsets / str(max(batches))).read_text().splitlines())
+    newest = offsets / str(max(batches))
+    try:
+        return _partitions(newest.read_text().splitlines())
+    except (OSError, ValueError, IndexError, AttributeError) as exc:
+        # only a hint for sizing the session: the query reads the checkpoint itself
+        log.warning("checkpoint offset log %s is unreadable (%s); sizing by --groups", newest, exc)
+        return None
 
 
 def checkpoint_query(spark: Any, checkpoint: str) -> str:

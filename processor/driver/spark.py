@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 
-from pyspark import SparkConf
+from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
 
 from shardless.processor.driver import placement
@@ -35,6 +35,14 @@ def launched_by_spark_submit() -> bool:
     if os.environ.get("PYSPARK_GATEWAY_PORT"):
         return True
     return "--master" in os.environ.get("PYSPARK_SUBMIT_ARGS", "").split()
+
+
+def deployed_conf() -> SparkConf:
+    """The configuration the deployment gives a session: spark-submit's `--master` and
+    `--conf`, and `spark-defaults.conf`. They live in the JVM, so it is started first (as
+    building the session would); before it, PySpark's `SparkConf()` is empty."""
+    SparkContext._ensure_initialized()
+    return SparkConf()
 
 
 def session(
@@ -66,7 +74,7 @@ def session(
                 builder = builder.config(f"spark.executorEnv.{name}", value)
     if not ui:
         builder = builder.config("spark.ui.enabled", "false")
-    deployed = SparkConf()  # spark-submit's --conf and spark-defaults.conf
+    deployed = deployed_conf()
     where = master or deployed.get("spark.master", DEFAULT_MASTER)
     settings = dict(deployed.getAll())
     if groups == 0:

@@ -176,6 +176,8 @@ def test_the_session_lays_out_one_group_per_slot_and_the_job_keeps_it_to_the_sli
         assert partitions_for(spark, JobConfig(**base, slices=16)) == (16, None)
         assert spark.conf.get(key) == "16"  # Spark lays a new checkpoint out with it too
         assert "more than the 16 slices" in caplog.text
+        # 16 groups queue on the 2 slots, where the session skipped the locality wait
+        assert "16 groups on 2 task slots with spark.locality.wait=0" in caplog.text
     finally:
         spark.conf.set(key, before)
 
@@ -202,3 +204,60 @@ def test_the_command_sizes_its_session_by_a_local_checkpoints_own_groups(tmp_pat
     assert local_checkpoint_partitions(str(checkpoint)) == 8  # the newest entry's
     assert local_checkpoint_partitions(f"file://{checkpoint}") == 8
     assert local_checkpoint_partitions("s3://bucket/checkpoint") is None  # Spark reads it
+    (offsets / "2").write_text("v1\n{not json\n")  # damaged: a hint only, not a crash here
+    assert local_checkpoint_partitions(str(checkpoint)) is None
+
+
+_SESSION_SCRIPT = """\
+from shardless.processor.driver.spark import session
+s = session(groups=0, ui=False)
+print("RESULT", s.sparkContext.getConf().get("spark.locality.wait", "unset"),
+      s.conf.get("spark.sql.shuffle.partitions"))
+s.stop()
+"""
+
+
+def _session_in_a_new_process(tmp_path, submit_master: str | None, defaults: str) -> list[str]:
+    """What `session(groups=0)` makes in a process of its own: run by Python, or by
+    spark-submit with `--master submit_master`, with `defaults` as spark-defaults.conf."""
+    import os
+    import subprocess
+    import sys
+
+    from shardless.processor.local.cluster import SPARK_HOME
+
+    script, conf_dir = tmp_path / "session.py", tmp_path / "conf"
+    conf_dir.mkdir(parents=True)
+    script.write_text(_SESSION_SCRIPT)
+    (conf_dir / "spark-defaults.conf").write_text(defaults)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_")}
+    env.update(
+        SPARK_CONF_DIR=str(conf_dir), SPARK_LOCAL_IP="127.0.0.1",
+        PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+    )  # fmt: skip
+    command = [sys.executable, str(script)]
+    if submit_master is not None:
+        command = [
+            str(SPARK_HOME / "bin" / "spark-submit"),
+            "--master",
+            submit_master,
+            *command[1:],
+        ]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
+    found = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("RESULT")]
+    assert done.returncode == 0 and found, done.stderr[-3000:]
+    return found[0]
+
+
+@pytest.mark.slow
+def test_the_session_reads_the_deployments_master_and_settings_before_it_starts(tmp_path):
+    """`--groups 0` and the locality rule are decided before Spark starts, from what the
+    deployment configured: spark-submit's `--master`, and spark-defaults.conf, whose
+    `spark.locality.wait` is the deployment's to keep. (PySpark's SparkConf sees neither
+    before its JVM is up: then this read local[2] under `--master local[3]` and set the
+    wait to 0 over the file's.)"""
+    assert _session_in_a_new_process(tmp_path / "a", None, "spark.locality.wait 5s\n") == [
+        "5s",
+        "2",
+    ]
+    assert _session_in_a_new_process(tmp_path / "b", "local[3]", "") == ["0", "3"]
