@@ -88,17 +88,26 @@ def durable_counts(location, slices: int = SLICES) -> dict[str, int]:
     """State rebuilt from S3 and DynamoDB alone."""
     import tempfile
 
-    from shardless.changelog.restore import materialize
+    from shardless.changelog.restore import identity, restore_many
+    from shardless.changelog.restore_jobs import RestoreJob
     from shardless.state import encoding
     from shardless.state.keys import record_key
 
     durable = DurableState(location)
     found = {}
     with tempfile.TemporaryDirectory() as scratch:
-        for s, head in durable.heads(list(range(slices))).items():
-            store, _ = materialize(durable, head, Path(scratch) / str(s), slices)
-            found.update({record_key(k): encoding.decode(v) for k, v in store.items()})
-            store.close()
+        jobs = [
+            RestoreJob(
+                Path(scratch) / str(s), identity(location.app, s, slices), head, head.version
+            )
+            for s, head in durable.heads(list(range(slices))).items()
+        ]
+        for done in restore_many(jobs, durable):  # one pipeline, as a takeover restores
+            if done.error is not None:
+                raise done.error
+            assert done.store is not None
+            found.update({record_key(k): encoding.decode(v) for k, v in done.store.items()})
+            done.store.close()
     return found
 
 
