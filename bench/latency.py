@@ -73,6 +73,17 @@ class Plan:
     start_timeout_s: float = 300.0
     driver_restart: bool = True
 
+    def __post_init__(self) -> None:
+        # A phase or pre-fault window no longer than the settle time it skips has no
+        # outputs to measure: the run would end minutes later on a missing percentile.
+        for name in ("phase_s", "pre_kill_s"):
+            if getattr(self, name) <= self.settle_s:
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(
+                    f"{flag} {getattr(self, name):g}: must be longer than --settle-s "
+                    f"{self.settle_s:g}, the start of each window left out of its figures"
+                )
+
     @classmethod
     def quick(cls) -> Plan:
         return cls(
@@ -326,7 +337,10 @@ def main(argv: list[str] | None = None) -> int:
                      "recovery_limit_s", "window_s")
         if getattr(args, name) is not None
     }  # fmt: skip
-    plan = Plan(**{**plan.__dict__, **given, "driver_restart": not args.no_driver_restart})
+    try:
+        plan = Plan(**{**plan.__dict__, **given, "driver_restart": not args.no_driver_restart})
+    except ValueError as exc:
+        parser.error(str(exc))
     work = Path(args.work or tempfile.mkdtemp(prefix="shardless-latency-"))
     if work.is_dir() and any(work.iterdir()):
         # a used folder holds an earlier run's checkpoint and deliveries: the job would

@@ -318,3 +318,18 @@ def test_a_used_work_folder_is_refused_before_anything_starts(tmp_path, capsys) 
         latency.main(["--work", str(tmp_path)])
     assert stop.value.code == 2
     assert f"--work {tmp_path}: not empty" in capsys.readouterr().err
+
+
+def test_a_window_no_longer_than_the_settle_time_is_refused_before_anything_starts(
+    tmp_path, capsys
+) -> None:
+    """`--quick --pre-kill-s 5` left the pre-fault window no outputs past its 5 s settle
+    time, and the run failed minutes later on a missing percentile (KeyError 'p99_ms')."""
+    with pytest.raises(SystemExit) as stop:
+        latency.main(["--quick", "--pre-kill-s", "5", "--work", str(tmp_path / "w")])
+    assert stop.value.code == 2
+    assert "--pre-kill-s 5: must be longer than --settle-s 5" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()  # refused before the folder or the emulators
+    with pytest.raises(ValueError, match="--phase-s 4: must be longer than --settle-s 15"):
+        latency.Plan(phase_s=4.0)
+    latency.Plan(phase_s=4.0, settle_s=1.5, pre_kill_s=4.0)  # the harness test's plan
