@@ -48,6 +48,7 @@ from bench.latency_stats import (
     phase_rates,
     recovery_seconds,
 )
+from bench.vs_spark import cpu_seconds
 from shardless.processor.local import emulators as local_aws
 from shardless.processor.local.faults.events import create_stream
 
@@ -137,6 +138,8 @@ def phase_figures(
         "records": len(phase["ids"]),
         **latency_summary(lat),
         "undelivered": len(kept) - len(lat),
+        "put_calls": phase["put_calls"],
+        "producer_cpu_s": phase["producer_cpu_s"],
         "batch_seconds": distribution(batch_seconds(progress, batches)),
         "batches": sorted(batches),
     }
@@ -246,11 +249,15 @@ def run(plan: Plan, aws: local_aws.LocalAws, work: Path, seed: int = 7) -> dict[
         progress_path = work / latency_app.PROGRESS
         phases = {}
         for fraction, rate in zip(LOADS, phase_rates(throughput, LOADS), strict=True):
+            emulators_cpu = sum(cpu_seconds(pid) for pid in aws.pids)
             phase = producer.at_rate(rate, plan.phase_s)
+            emulators_cpu = sum(cpu_seconds(pid) for pid in aws.pids) - emulators_cpu
             wait_delivered(deliveries, phase["ids"], job, plan.drain_timeout_s)
             progress = reported(deliveries, job)
             figures = phase_figures(deliveries, producer, phase, plan.settle_s, progress)
             figures["target_rate"] = round(rate, 1)
+            # the harness's share of the 2 cores while it put the phase's records
+            figures["emulators_cpu_s"] = round(emulators_cpu, 2)
             phases[f"{round(fraction * 100)}pct"] = figures
             for name in ("p50_ms", "p99_ms", "max_ms"):
                 out[f"{name[:-3]}_ms_at_{round(fraction * 100)}pct"] = figures.get(name)

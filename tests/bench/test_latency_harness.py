@@ -295,6 +295,11 @@ def test_quick_run_reports_every_figure(tmp_path: Path) -> None:
         phase = out["phases"][pct]
         assert phase["records"] > 0 and phase["undelivered"] == 0
         assert 0.8 * phase["target_rate"] <= phase["put_rate"] <= 1.05 * phase["target_rate"]
+        # one PutRecords call a tick, each counted: not one per record as it was
+        ticks = plan.phase_s / latency_rig.PUT_TICK_S
+        assert 0.5 * ticks <= phase["put_calls"] <= ticks + 1
+        assert phase["put_calls"] >= phase["records"] / latency_rig.PUT_CHUNK
+        assert phase["producer_cpu_s"] > 0 and phase["emulators_cpu_s"] > 0
         assert 0 < phase["p50_ms"] <= phase["p99_ms"] <= phase["max_ms"]
         assert phase["batch_seconds"]["count"] > 0  # Spark's progress reports were heard
         assert out[f"p99_ms_at_{pct}"] == phase["p99_ms"]
