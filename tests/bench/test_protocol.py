@@ -39,15 +39,15 @@ def failures(seed: int, runs: int, s: Settings) -> list[str]:
 
 
 def test_a_seeded_slice_has_no_violations(aws):
-    runs = int(os.environ.get("PROTOCOL_RUNS", "8"))
+    runs = int(os.environ.get("PROTOCOL_RUNS", "5"))
     seed = int(os.environ.get("PROTOCOL_SEED", "7"))
     assert failures(seed, runs, settings()) == []
 
 
 @pytest.mark.slow
 def test_a_longer_slice_has_no_violations(aws):
-    # about 20 s; bench.protocol's campaigns run thousands (docs/benchmarks.md)
-    assert failures(11, 7, settings(30)) == []
+    # about 15 s; bench.protocol's campaigns run thousands (docs/benchmarks.md)
+    assert failures(11, 5, settings(30)) == []
 
 
 def test_the_oracle_catches_a_batch_applied_twice(aws, monkeypatch):
@@ -123,7 +123,7 @@ def test_a_seeded_slice_of_head_commits_has_no_violations(aws):
     """The same slice with commit_format="heads", the format before chains."""
     s = settings()
     s = Settings(replace(s.spec, commit_format="heads"), s.max_steps, s.kinds)
-    assert failures(int(os.environ.get("PROTOCOL_SEED", "7")), 8, s) == []
+    assert failures(int(os.environ.get("PROTOCOL_SEED", "7")), 5, s) == []
 
 
 @pytest.mark.parametrize(

@@ -193,7 +193,7 @@ def job_config(location: AppLocation, stream: str, tmp_path: Path, name: str) ->
         streams=(stream,),
         checkpoint=str(tmp_path / f"checkpoint-{name}"),
         slices=16,
-        groups=4,
+        groups=2,  # one wave of tasks on local[2]; a new query below takes another count
         local_dir=str(tmp_path / f"stores-{name}"),
         max_records_per_shard=200,
     )
@@ -215,7 +215,7 @@ def test_a_new_query_with_other_groups_continues_the_state_exactly_once(
     produce(kinesis, stream, 800, seed=22)
     # a new cluster: fresh checkpoint, no local stores, another Spark partition count
     second_cfg = replace(
-        job_config(location, stream, tmp_path, "b"), groups=2, starting_position="COMMITTED"
+        job_config(location, stream, tmp_path, "b"), groups=1, starting_position="COMMITTED"
     )
     second = run_job(spark, second_cfg, tmp_path / "out" / "query=b")
 
@@ -262,7 +262,7 @@ def test_commits_of_a_batch_that_never_recorded_progress_are_undone_by_a_committ
 
     produce(kinesis, stream, 300, seed=32)
     second_cfg = replace(
-        job_config(location, stream, tmp_path, "b"), groups=2, starting_position="COMMITTED"
+        job_config(location, stream, tmp_path, "b"), groups=1, starting_position="COMMITTED"
     )
     second = run_job(spark, second_cfg, tmp_path / "out" / "query=b")
     heads = DurableState(location).heads(list(range(16)))
