@@ -48,9 +48,9 @@ from bench.latency_stats import (
     phase_rates,
     recovery_seconds,
 )
-from bench.vs_spark import cpu_seconds
 from shardless.processor.local import emulators as local_aws
 from shardless.processor.local.faults.events import create_stream
+from shardless.processor.local.faults.procs import cpu_seconds
 
 LOADS = (0.25, 0.50, 0.75)
 RECOVERY_LOAD = 0.50

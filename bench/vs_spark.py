@@ -57,6 +57,7 @@ import pyarrow.parquet as pq
 from bench.state_loop import ZIPF_S, key_ids
 from shardless.processor.api.context import Context, Event
 from shardless.processor.driver import placement
+from shardless.processor.local.faults.procs import cpu_seconds
 from shardless.processor.runtime.group_runner import GroupRunner
 from shardless.processor.runtime.records import GroupInput, prepare
 
@@ -313,15 +314,6 @@ def query_for(
     group_function = runner(HandlerFactory(counter), runtime_config(cfg, partitions, owner))
     columns = tuple(c for c in RECORD_COLUMNS if c in records.columns)
     return group_plan(records, cfg, partitions, group_function, columns)
-
-
-def cpu_seconds(pid: int | None) -> float:
-    """User + system CPU time of a process so far (Linux), 0 where unknown."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def group_end(called_at: float, seconds: float, timings: dict[str, float]) -> float:

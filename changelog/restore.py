@@ -77,6 +77,30 @@ def materialize(
     return restore(Path(path), ident, durable, head, target)
 
 
+def materialize_heads(
+    durable: DurableState, heads: dict[int, Head], root: Path, slices: int
+) -> list[tuple[int, SliceStore]]:
+    """A new store under `root` for each slice of `heads`, at its head's version, restored
+    as one pipeline (`restore_many`), in slice order. If any slice fails, every store
+    restored is closed and the first failure raised, naming its slice."""
+    jobs = [
+        RestoreJob(Path(root) / f"slice-{s}", identity(durable.loc.app, s, slices), h, h.version)
+        for s, h in sorted(heads.items())
+    ]
+    done = restore_many(jobs, durable) if jobs else []
+    failed = [d for d in done if d.error is not None or d.store is None]
+    if failed:
+        for d in done:
+            if d.store is not None:
+                d.store.close()
+        first = failed[0]
+        raise ContinuityError(
+            f"slice {first.job.slice}: restore failed: {first.error} "
+            f"({len(failed)} of {len(jobs)} slices failed)"
+        ) from first.error
+    return [(d.job.slice, d.store) for d in done if d.store is not None]
+
+
 def plan(head: Head | None, local: int | None, target: int, durable: DurableState) -> RestorePlan:
     """`plan_restore` with the error naming the slice and the table."""
     if head is None:

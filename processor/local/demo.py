@@ -23,7 +23,7 @@ from pathlib import Path
 import boto3
 
 from shardless.changelog.durable import DurableState
-from shardless.changelog.restore import materialize
+from shardless.changelog.restore import materialize_heads
 from shardless.processor.driver.config import JobConfig
 from shardless.processor.driver.job import BatchReport, parquet_sink, start
 from shardless.processor.kinesis.shards import stream_records
@@ -63,8 +63,7 @@ def durable_state(cfg: JobConfig, scratch: Path) -> tuple[dict[str, dict], int]:
     durable = DurableState(cfg.location)
     heads = durable.heads(list(range(cfg.slices)))
     state: dict[str, dict] = {}
-    for s, head in heads.items():
-        store, _ = materialize(durable, head, scratch / f"slice-{s}", cfg.slices)
+    for _, store in materialize_heads(durable, heads, scratch, cfg.slices):
         for k, v in store.items():
             state[record_key(k)] = encoding.decode(v)
         store.close()

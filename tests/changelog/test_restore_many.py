@@ -233,3 +233,28 @@ def test_a_catch_up_from_the_hosts_segments_runs_in_the_calling_thread(
     assert threads and threads[0].startswith("shardless-open")  # through the pipeline
     assert o.error is None and o.store.version == 3
     assert dict(o.store.items()) == dict(writers[3].items())
+
+
+def test_materialize_heads_restores_every_head_or_closes_all_and_names_the_failure(
+    location, tmp_path
+):
+    """Every slice at its head's version in one pipeline, in slice order; when one fails,
+    the stores already restored are closed (each path opens again) and the error names it."""
+    from shardless.changelog.errors import ContinuityError
+    from shardless.changelog.restore import materialize_heads
+
+    durable = DurableState(location)
+    writers = {s: build(location, tmp_path, s, 3, snapshot_at=2) for s in (4, 1, 2, 3)}
+    heads = durable.heads(list(writers))
+    done = materialize_heads(durable, heads, tmp_path / "ok", SLICES)
+    assert [s for s, _ in done] == [1, 2, 3, 4]
+    for s, store in done:
+        assert store.version == 3 and dict(store.items()) == dict(writers[s].items())
+        store.close()
+
+    corrupt(location, next(e for e in heads[3].log if e.version == 3).key(location))
+    manifests._items.clear()
+    with pytest.raises(ContinuityError, match=r"slice 3: restore failed: .*1 of 4 slices"):
+        materialize_heads(durable, heads, tmp_path / "bad", SLICES)
+    for s in (1, 2, 4):  # closed: a store still open here would hold RocksDB's lock
+        SliceStore(tmp_path / "bad" / f"slice-{s}", identity(location.app, s, SLICES)).close()

@@ -43,6 +43,15 @@ def read(pid: int) -> Proc | None:
     return Proc(pid, int(rest[1]), int(rest[19]), raw.replace(b"\0", b" ").decode(errors="replace"))
 
 
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU time of process `pid` so far, 0 where unknown (gone, or no /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def table() -> dict[int, Proc]:
     out = {}
     for entry in os.listdir("/proc"):

@@ -88,26 +88,17 @@ def durable_counts(location, slices: int = SLICES) -> dict[str, int]:
     """State rebuilt from S3 and DynamoDB alone."""
     import tempfile
 
-    from shardless.changelog.restore import identity, restore_many
-    from shardless.changelog.restore_jobs import RestoreJob
+    from shardless.changelog.restore import materialize_heads
     from shardless.state import encoding
     from shardless.state.keys import record_key
 
     durable = DurableState(location)
     found = {}
     with tempfile.TemporaryDirectory() as scratch:
-        jobs = [
-            RestoreJob(
-                Path(scratch) / str(s), identity(location.app, s, slices), head, head.version
-            )
-            for s, head in durable.heads(list(range(slices))).items()
-        ]
-        for done in restore_many(jobs, durable):  # one pipeline, as a takeover restores
-            if done.error is not None:
-                raise done.error
-            assert done.store is not None
-            found.update({record_key(k): encoding.decode(v) for k, v in done.store.items()})
-            done.store.close()
+        heads = durable.heads(list(range(slices)))
+        for _, store in materialize_heads(durable, heads, Path(scratch), slices):
+            found.update({record_key(k): encoding.decode(v) for k, v in store.items()})
+            store.close()
     return found
 
 
