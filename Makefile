@@ -8,6 +8,9 @@ TOOLS := .tools
 STAMP_PY := $(VENV)/.installed
 STAMP_NODE := $(TOOLS)/.installed
 PYTEST_ARGS ?=
+# `make test` runs whole test files on this many pytest-xdist workers, each with its own
+# emulators and SparkSession: 2 took the suite from 1,242 s to 1,057 s on 2 cores.
+TEST_WORKERS ?= 2
 
 .PHONY: setup demo test test-fast lint bench lock clean
 
@@ -33,10 +36,10 @@ demo: setup
 
 test: setup
 	$(PY) -m ruff check .
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-fast: setup
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow" $(PYTEST_ARGS)
 
 lint: setup
 	$(PY) -m ruff check .

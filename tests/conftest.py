@@ -187,3 +187,11 @@ def sts(aws: local_aws.LocalAws, monkeypatch: pytest.MonkeyPatch) -> pytest.Monk
     for name in ROLE_VARIABLES:
         monkeypatch.setenv(name, "")
     return monkeypatch
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the files that hold slow tests first, each file still in one piece: `make test`
+    spreads whole files over two workers (`--dist loadfile`), and a long file taken last
+    would leave one worker running it alone at the end."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: order kept within
