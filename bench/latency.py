@@ -41,12 +41,12 @@ from typing import Any
 from bench import latency_app
 from bench.latency_rig import MASTER, TRIGGER_S, Deliveries, Job, Producer, read_progress
 from bench.latency_stats import (
+    RecoveryWatch,
     distribution,
     drain_rate,
     exactly_once_problems,
     latency_summary,
     phase_rates,
-    recovery_seconds,
 )
 from shardless.processor.local import emulators as local_aws
 from shardless.processor.local.faults.events import create_stream
@@ -180,14 +180,21 @@ def recovery_phase(
     what = fault()
     found: float | None = None
     min_records = max(1, round(rate * plan.window_s / 2))
+    watch = RecoveryWatch(fault_at, bar_s, plan.window_s, 0.5, min_records)
+    in_flight: dict[int, float] = {}  # put after the fault, not yet delivered: put time
+    asked = 0  # of the ids put after the fault, how many are in `in_flight` or `watch`
 
     def recovered(ids: list[int]) -> bool:
-        nonlocal found
+        """Asked twice a second while the load goes on: only the records new since the last
+        question, and those still in flight, are looked at."""
+        nonlocal found, asked
         deliveries.poll()
-        put = {i: producer.put_at[i] for i in ids}
-        found = recovery_seconds(
-            deliveries.latencies(put), fault_at, bar_s, plan.window_s, 0.5, min_records
-        )
+        in_flight.update((i, producer.put_at[i]) for i in ids[asked:])
+        asked = len(ids)
+        at = deliveries.delivered
+        out = [i for i in in_flight if i in at]
+        watch.add((at[i], at[i] - in_flight.pop(i)) for i in out)
+        found = watch.seconds()
         return found is not None
 
     after = producer.at_rate(rate, plan.recovery_limit_s, stop=recovered)
@@ -203,6 +210,9 @@ def recovery_phase(
         "after_fault": latency_summary([lat for _, lat in deliveries.latencies(post)]),
         "fault": what,
         "observed_s": round(after["ended"] - fault_at, 1),
+        # this process's CPU while it put the load and watched for the recovery
+        "producer_cpu_s": after["producer_cpu_s"],
+        "windows_judged": watch.judged,
         "restored_slices": sum(r.get("restored_slices", 0) for r in reports),
         "restored_bytes": sum(r.get("restored_bytes", 0) for r in reports),
         "restore_seconds_max": max((r.get("restore_seconds_max", 0) for r in reports), default=0),

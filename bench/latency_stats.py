@@ -11,7 +11,7 @@ import math
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -90,19 +90,62 @@ def recovery_seconds(
     `window_s` seconds of deliveries slide by `step_s` from the fault on; the answer is the
     end of the first window holding at least `min_records` whose p99 latency is at most
     the threshold, less `fault_at`. None when no window recovers."""
-    ordered = sorted(samples)
-    if not ordered:
+    watch = RecoveryWatch(fault_at, threshold_s, window_s, step_s, min_records)
+    watch.add(samples)
+    return watch.seconds()
+
+
+@dataclass
+class RecoveryWatch:
+    """`recovery_seconds` asked again and again while deliveries come in, at a cost that
+    follows the new deliveries, not every one since the fault.
+
+    A window that ended before the newest delivery is complete (deliveries come in time
+    order), so once it failed it is never judged again: the next question starts after it.
+    Asking `recovery_seconds` of every sample since the fault instead cost 0.25 s of CPU a
+    question 20 s after a fault at 4,620 records/s, and 0.75 s at 60 s: twice a second, a
+    core of the two the job runs on."""
+
+    fault_at: float
+    threshold_s: float
+    window_s: float = 5.0
+    step_s: float = 0.5
+    min_records: int = 1
+    _times: list[float] = field(default_factory=list)
+    _latencies: list[float] = field(default_factory=list)
+    _start: float | None = None  # the first window not yet judged for good
+    judged: int = 0  # windows judged, over every question: what the watch costs
+
+    def add(self, samples: Iterable[tuple[float, float]]) -> None:
+        """More (delivery time, latency) samples, in any order."""
+        new = sorted(samples)
+        if not new:
+            return
+        if self._times and new[0][0] < self._times[-1]:  # out of order: merge once
+            merged = sorted([*zip(self._times, self._latencies, strict=True), *new])
+            self._times = [t for t, _ in merged]
+            self._latencies = [lat for _, lat in merged]
+            self._start = None  # a window judged for good may have changed
+            return
+        self._times += [t for t, _ in new]
+        self._latencies += [lat for _, lat in new]
+
+    def seconds(self) -> float | None:
+        """`recovery_seconds` of every sample added so far."""
+        if not self._times:
+            return None
+        times, last = self._times, self._times[-1]
+        start = self.fault_at if self._start is None else self._start
+        while start + self.window_s <= last + self.step_s:
+            end = start + self.window_s
+            window = self._latencies[bisect_left(times, start) : bisect_left(times, end)]
+            self.judged += 1
+            if len(window) >= self.min_records and percentile(window, 99) <= self.threshold_s:
+                return round(end - self.fault_at, 3)
+            start += self.step_s
+            if end < last:  # complete and failed: not asked again
+                self._start = start
         return None
-    times = [t for t, _ in ordered]
-    last = times[-1]
-    start = fault_at
-    while start + window_s <= last + step_s:
-        end = start + window_s
-        window = [lat for _, lat in ordered[bisect_left(times, start) : bisect_left(times, end)]]
-        if len(window) >= min_records and percentile(window, 99) <= threshold_s:
-            return round(end - fault_at, 3)
-        start += step_s
-    return None
 
 
 @dataclass(frozen=True)

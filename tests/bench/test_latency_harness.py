@@ -11,12 +11,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from bench import latency, latency_app, latency_rig
 from bench.latency_stats import (
     Output,
+    RecoveryWatch,
     distribution,
     drain_rate,
     due,
@@ -112,6 +113,52 @@ def test_recovery_ends_after_the_outage_within_a_window(outage: float, steady: f
     # the first window under the bar ends after the backlog came out, at most a window and a
     # step later than the first moment its p99 can have dropped below the bar
     assert outage < found <= outage + 2.0 + 5.0 + 0.5
+
+
+# deliveries over 30 s, mostly under the bar of 2 s: windows fail on a slow record or on
+# too few records, and pass once more come in
+samples_st = st.lists(
+    st.tuples(
+        st.integers(min_value=0, max_value=300).map(lambda t: t / 10),
+        st.sampled_from([0.5, 0.5, 0.5, 3.0]),
+    ),
+    max_size=200,
+)
+
+
+@settings(max_examples=300)
+@example(  # a late sample makes a window judged for good pass after all: it is judged again
+    samples=[(1.0, 0.5), (2.0, 0.5), (20.0, 3.0), (3.0, 0.5)], cuts=[3], in_time_order=False
+)
+@given(samples_st, st.lists(st.integers(min_value=0, max_value=300), max_size=8), st.booleans())
+def test_a_watch_asked_after_each_delivery_answers_as_the_whole_series_would(
+    samples: list[tuple[float, float]], cuts: list[int], in_time_order: bool
+) -> None:
+    """`RecoveryWatch` skips the windows it already judged; whatever the chunks, and whether
+    or not they come in time order, each answer is `recovery_seconds` of all so far."""
+    if in_time_order:
+        samples = sorted(samples)
+    watch = RecoveryWatch(0.0, threshold_s=2.0, window_s=5.0, step_s=0.5, min_records=3)
+    bounds = sorted({0, len(samples), *(c for c in cuts if c <= len(samples))})
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        watch.add(samples[lo:hi])
+        so_far = samples[:hi]
+        assert watch.seconds() == recovery_seconds(so_far, 0.0, 2.0, 5.0, 0.5, min_records=3)
+
+
+def test_a_watch_judges_each_complete_window_once() -> None:
+    """Asked twice a second for two minutes of deliveries that never recover, the watch
+    judges the windows still open and the new ones, not every window since the fault:
+    judging from the fault each time costs a core of a 2-core host a minute after it."""
+    watch = RecoveryWatch(0.0, threshold_s=1.0, window_s=5.0, step_s=0.5)
+    questions = 0
+    for tick in range(240):  # deliveries every 0.05 s, a question every 0.5 s
+        watch.add((tick * 0.5 + k * 0.05, 3.0) for k in range(10))
+        assert watch.seconds() is None
+        questions += 1
+    open_windows = 5.0 / 0.5 + 2
+    assert watch.judged <= questions * open_windows  # 2,880: from the fault each time, 28,000+
+    assert watch.judged >= 230  # every window was judged at least once: the counter counts
 
 
 def test_recovery_is_none_when_latency_never_comes_back() -> None:
@@ -310,6 +357,10 @@ def test_quick_run_reports_every_figure(tmp_path: Path) -> None:
     assert kill["fault"]["processes"] >= 2 and kill["fault"]["stores_removed"] > 0
     assert out["restored_slices"] > 0 and out["restored_bytes"] > 0
     assert out["recovery_s_executor_kill"] is None or out["recovery_s_executor_kill"] > 0
+    # asked twice a second, the watch judges the windows still open and the new ones only
+    questions = kill["observed_s"] / 0.5 + 2
+    assert 0 < kill["windows_judged"] <= questions * (plan.window_s / 0.5 + 2), kill
+    assert kill["producer_cpu_s"] > 0
     # the groups spread over both executors again once the lost one was replaced
     assert kill["group_processes_before"] == kill["group_processes_at_end"] == 2, kill
     assert "driver_restart" not in out and "recovery_s_driver_restart" not in out
