@@ -58,38 +58,32 @@ def deliver(df: Any, batch: Any) -> None:
         f.write(json.dumps(line, separators=(",", ":")) + "\n")
 
 
-def progress_line(progress: Any) -> dict[str, Any]:
-    """What the harness keeps of one StreamingQueryProgress."""
+def progress_line(progress: dict[str, Any]) -> dict[str, Any]:
+    """What the harness keeps of one StreamingQueryProgress (Spark's JSON of it)."""
     return {
-        "batch": progress.batchId,
-        "timestamp": progress.timestamp,
-        "input_rows": progress.numInputRows,
-        "duration_ms": dict(progress.durationMs),
+        "batch": progress["batchId"],
+        "timestamp": progress["timestamp"],
+        "input_rows": progress["numInputRows"],
+        "duration_ms": progress["durationMs"],
     }
 
 
 def _listen() -> None:
     """Spark's progress reports to `progress.jsonl`. The listener goes on the process's
     own session, which started the query: `df.sparkSession` in a batch is a clone whose
-    listeners hear only queries the clone started."""
+    listeners hear only queries the clone started. It reads each report as JSON, as
+    shardless's own listener does: PySpark's conversion of a report cost the driver's JVM
+    more than the rest of its listener work (`progress_listener`)."""
     from pyspark.sql import SparkSession
-    from pyspark.sql.streaming import StreamingQueryListener
+
+    from shardless.processor.driver.progress_listener import ProgressJsonListener
 
     path = out_dir() / PROGRESS
 
-    class ProgressFile(StreamingQueryListener):
-        def onQueryStarted(self, event: Any) -> None:  # noqa: N802 - Spark's names
-            pass
-
-        def onQueryProgress(self, event: Any) -> None:  # noqa: N802
+    class ProgressFile(ProgressJsonListener):
+        def on_progress(self, progress: dict[str, Any]) -> None:
             with path.open("a") as f:
-                f.write(json.dumps(progress_line(event.progress)) + "\n")
-
-        def onQueryIdle(self, event: Any) -> None:  # noqa: N802
-            pass
-
-        def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
-            pass
+                f.write(json.dumps(progress_line(progress)) + "\n")
 
     listener = ProgressFile()
     SparkSession.builder.getOrCreate().streams.addListener(listener)

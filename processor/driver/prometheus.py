@@ -9,16 +9,15 @@ the format is a few lines of text.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from pyspark.sql import SparkSession
-from pyspark.sql.streaming import StreamingQueryListener
 
 from shardless.processor.driver import metrics
+from shardless.processor.driver.progress_listener import ProgressJsonListener
 from shardless.processor.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -134,24 +133,15 @@ class Exporter:
             return "\n".join(lines) + "\n"
 
 
-class _Listener(StreamingQueryListener):
+class _Listener(ProgressJsonListener):
     def __init__(self, exporter: Exporter) -> None:
         self.exporter = exporter
 
-    def onQueryStarted(self, event: Any) -> None:  # noqa: N802
-        pass
-
-    def onQueryProgress(self, event: Any) -> None:  # noqa: N802
+    def on_progress(self, progress: dict[str, Any]) -> None:
         try:
-            self.exporter.observe(json.loads(event.progress.json))
+            self.exporter.observe(progress)
         except Exception:  # noqa: BLE001 - a listener that raises is dropped by Spark
             log.exception("metrics: cannot read a progress report")
-
-    def onQueryIdle(self, event: Any) -> None:  # noqa: N802
-        pass
-
-    def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
-        pass
 
 
 class Endpoint:
