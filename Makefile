@@ -61,6 +61,7 @@ bench: setup $(STAMP_BENCH)
 	$(PY) -m bench.head_items --json > bench/results/head_items.json
 	$(PY) -m bench.commit_latency --json > bench/results/commit_latency.json
 	$(PY) -m bench.store_reads --json > bench/results/store_reads.json
+	$(PY) -m bench.listener --json > bench/results/listener.json
 	$(PY) -m bench.vs_spark --json > bench/results/vs_spark.json
 	$(PY) -m bench.chart bench/results/vs_spark.json bench/results/vs_spark.png
 
