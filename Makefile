@@ -9,7 +9,7 @@ STAMP_PY := $(VENV)/.installed
 STAMP_NODE := $(TOOLS)/.installed
 PYTEST_ARGS ?=
 # `make test` runs whole test files on this many pytest-xdist workers, each with its own
-# emulators and SparkSession: 2 took the suite from 1,242 s to 1,057 s on 2 cores.
+# emulators and SparkSession: 2 took the suite from 1,217-1,242 s to 987-1,057 s on 2 cores.
 TEST_WORKERS ?= 2
 
 .PHONY: setup demo test test-fast lint bench lock clean

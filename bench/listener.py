@@ -40,32 +40,36 @@ def run(spark: Any, batches: int, observed: int, work: Path) -> dict[str, Any]:
 
     as_json: list[float] = []
     converted: list[float] = []
-
-    def read_json(jevent: Any) -> None:
-        t = time.perf_counter()
-        json.loads(jevent.progress().json())
-        as_json.append(time.perf_counter() - t)
-
-    def convert(jevent: Any) -> None:
-        t = time.perf_counter()
-        QueryProgressEvent.fromJObject(jevent)
-        converted.append(time.perf_counter() - t)
+    heard: list[int] = []  # batch ids that reached `on_progress`
 
     class Timed(_JsonCallback):
+        """shardless's callback, timed, and PySpark's conversion of the same report."""
+
         def onQueryProgress(self, jevent: Any) -> None:  # noqa: N802 - Spark's name
-            first, second = (read_json, convert) if len(as_json) % 2 else (convert, read_json)
+            first, second = (self.read_json, self.convert)
+            if len(as_json) % 2:
+                first, second = second, first
             first(jevent)
             second(jevent)
 
+        def read_json(self, jevent: Any) -> None:
+            t = time.perf_counter()
+            super().onQueryProgress(jevent)  # the report's JSON, to `on_progress`
+            as_json.append(time.perf_counter() - t)
+
+        def convert(self, jevent: Any) -> None:
+            t = time.perf_counter()
+            QueryProgressEvent.fromJObject(jevent)
+            converted.append(time.perf_counter() - t)
+
     class Listener(ProgressJsonListener):
         def on_progress(self, progress: dict[str, Any]) -> None:
-            pass
+            heard.append(progress["batchId"])
+
+        def _callback(self) -> _JsonCallback:
+            return Timed(self)
 
     listener = Listener()
-    wrapper = (
-        spark.sparkContext._jvm.org.apache.spark.sql.streaming.PythonStreamingQueryListenerWrapper
-    )  # type: ignore[union-attr]  # noqa: E501
-    listener._jlistenerobj = wrapper(Timed(listener))
     spark.streams.addListener(listener)
     try:
         _files(work / "in", batches)
@@ -86,7 +90,7 @@ def run(spark: Any, batches: int, observed: int, work: Path) -> dict[str, Any]:
             time.sleep(0.1)  # the listener bus is asynchronous
     finally:
         spark.streams.removeListener(listener)
-    return {"as_json_s": as_json, "converted_s": converted}
+    return {"as_json_s": as_json, "converted_s": converted, "batch_ids": heard}
 
 
 def main(argv: list[str] | None = None) -> None:

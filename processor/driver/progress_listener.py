@@ -50,8 +50,12 @@ class ProgressJsonListener(StreamingQueryListener):
             jvm = SparkContext._jvm
             assert jvm is not None, "a listener needs a running SparkContext"
             wrapper = jvm.org.apache.spark.sql.streaming.PythonStreamingQueryListenerWrapper
-            self._jlistenerobj = wrapper(_JsonCallback(self))
+            self._jlistenerobj = wrapper(self._callback())
         return self._jlistenerobj
+
+    def _callback(self) -> _JsonCallback:
+        """What the JVM calls with each event (`bench.listener` times its own)."""
+        return _JsonCallback(self)
 
 
 class _JsonCallback:
