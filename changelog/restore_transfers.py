@@ -1,7 +1,8 @@
 """The transfers of a restore pipeline: each snapshot's manifest and files queued on the
 transfer pool ahead of the stores being opened (`SnapshotTransfers`), each changelog tail's
-sections fetched in the order they are applied within a budget (`TailSections`), and a failed
-job's transfers cancelled and its directory removed (`guarded`, `clean_up`).
+sections fetched in the order they are applied within a budget, those of one segment that
+lie together as one span (`TailSections`, `coalesce`), and a failed job's transfers
+cancelled and its directory removed (`guarded`, `clean_up`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
+from shardless.changelog.coalesce import Span, coalesce
 from shardless.changelog.download import IN_PROCESS, Transfers, fetch_files
 from shardless.changelog.durable import DurableState, section_range
 from shardless.changelog.errors import MissingObjectError
@@ -151,23 +153,42 @@ class SnapshotTransfers:
         wait(running, return_when=FIRST_COMPLETED)
 
 
+Ahead = tuple[Future[list[Change]] | Future[bytes], int, Span | None]
+
+
 class TailSections:
     """The changelog sections of every job, fetched on the transfer pool in the order they
     are applied, ahead of the one being applied within `PREFETCH_BYTES` and
-    `PREFETCH_SECTIONS` (always at least the next one)."""
+    `PREFETCH_SECTIONS` (always at least the next one). Sections the host does not keep
+    and that lie together in one segment are fetched as one span (`coalesce`), once, and
+    cut out of it as each is applied."""
 
     def __init__(self, durable: DurableState, transfers: Transfers = IN_PROCESS) -> None:
         self.durable = durable
         self.transfers = transfers  # where sections the host does not keep are fetched
         self.order: list[tuple[RestoreWork, LogEntry]] = []
+        self.spans: list[Span | None] = []  # each section's span, in `order`
+        self.users: dict[Span, int] = {}  # sections of each span not taken or dropped yet
+        self.fetched: dict[Span, Future[bytes]] = {}
         self.next = 0  # the first section not requested yet
-        self.ahead: dict[tuple[int, int], tuple[Future[list[Change]] | Future[bytes], int]] = {}
+        self.ahead: dict[tuple[int, int], Ahead] = {}
         self.held = 0  # bytes requested and not taken
         self.dropped: set[int] = set()  # ids of jobs that failed
         self._lock = threading.RLock()  # jobs finish in several threads
 
     def plan(self, order: list[tuple[RestoreWork, LogEntry]]) -> None:
+        durable = self.durable
         self.order = order
+        self.spans = coalesce(
+            [
+                None if durable.cached(e) else (e.key(durable.loc), e.offset, e.length)
+                for _, e in order
+            ]
+        )
+        self.users = {}
+        for span in self.spans:
+            if span is not None:
+                self.users[span] = self.users.get(span, 0) + 1
 
     def top_up(self) -> None:
         with self._lock:
@@ -179,19 +200,44 @@ class TailSections:
 
     def _request_next(self) -> None:
         w, entry = self.order[self.next]
+        span = self.spans[self.next] if self.spans else None
         self.next += 1
         if id(w) in self.dropped:
+            if span is not None:
+                self._release(span)
             return
         durable = self.durable
         future: Future[list[Change]] | Future[bytes]
+        if span is not None:
+            found = self.fetched.get(span)
+            if found is None:
+                found = self.transfers.fetch(durable.loc.bucket, span.key, span.byte_range)
+                self.fetched[span] = found
+                self.held += span.length
+            self.ahead[(id(w), entry.version)] = (found, 0, span)
+            return
         if durable.cached(entry):
             future = file_pool().submit(durable.read_changes, w.job.slice, entry)
         else:
             future = self.transfers.fetch(
                 durable.loc.bucket, entry.key(durable.loc), section_range(entry)
             )
-        self.ahead[(id(w), entry.version)] = (future, entry.length)
+        self.ahead[(id(w), entry.version)] = (future, entry.length, None)
         self.held += entry.length
+
+    def _release(self, span: Span) -> None:
+        """One section of `span` taken or dropped; the span is let go after its last."""
+        with self._lock:
+            if span not in self.users:  # every transfer was dropped (`drop_all`)
+                return
+            self.users[span] -= 1
+            if self.users[span]:
+                return
+            del self.users[span]
+            future = self.fetched.pop(span, None)
+            if future is not None:
+                future.cancel()
+                self.held -= span.length
 
     def take(self, w: RestoreWork, entry: LogEntry) -> list[Change]:
         """The section's changes (requested now if it was not yet)."""
@@ -201,16 +247,20 @@ class TailSections:
                 self._request_next()
             if key not in self.ahead:
                 raise RuntimeError(f"slice {w.job.slice} v{entry.version}: section never requested")
-            future, length = self.ahead.pop(key)
+            future, length, span = self.ahead.pop(key)
             self.held -= length
         try:
             got = future.result()
         except MissingObjectError as exc:
             raise missing(self.durable.section_where(w.job.slice, entry)) from exc
         finally:
+            if span is not None:
+                self._release(span)
             self.top_up()
         if isinstance(got, list):
             return got
+        if span is not None:
+            got = span.cut(got, entry.offset, entry.length)
         return self.durable.decode_changes(w.job.slice, entry, got)
 
     def drop(self, w: RestoreWork) -> None:
@@ -218,13 +268,20 @@ class TailSections:
         with self._lock:
             self.dropped.add(id(w))
             for key in [k for k in self.ahead if k[0] == id(w)]:
-                future, length = self.ahead.pop(key)
-                future.cancel()
-                self.held -= length
+                future, length, span = self.ahead.pop(key)
+                if span is None:
+                    future.cancel()
+                    self.held -= length
+                else:
+                    self._release(span)
 
     def drop_all(self) -> None:
         with self._lock:
-            for future, _ in self.ahead.values():
+            for future, _, _ in self.ahead.values():
+                future.cancel()
+            for future in self.fetched.values():
                 future.cancel()
             self.ahead.clear()
+            self.fetched.clear()
+            self.users.clear()
             self.next = len(self.order)
