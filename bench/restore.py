@@ -10,7 +10,9 @@
    before each restore: a new worker pays for starting it.
 2. Restore time of 16 slices after a short and a long history of small batches driven
    through `GroupRunner.run` (snapshots every 32 versions, as in production).
-3. What a batch costs (`bench.batch_cost`): every S3 and DynamoDB call counted by type
+3. A group's 128 small slices restored on a host without its segments
+   (`bench.restore_group`): sections read a segment at a time against one by one.
+4. What a batch costs (`bench.batch_cost`): every S3 and DynamoDB call counted by type
    with DynamoDB's billed units from the real request sizes, at 256 and 4,096 slices in 8
    groups, every slice changed and 10 % of them; dollars a month at 1 s and 10 s
    triggers; and the requests of a batch with nothing to do.
@@ -40,7 +42,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bench import billing
+from bench import billing, restore_group
 from bench.batch_cost import (
     batch_cost,
     cost_table,
@@ -74,7 +76,7 @@ GROUPS = 8
 BUILD_CHUNKS = 16  # slices built (and committed) together, one segment each
 HISTORY_SLICES = 16
 SHORT_HISTORY = 10
-PARTS = ["restore", "history", "requests"]
+PARTS = ["restore", "history", "group", "requests"]
 QUERY = "bench-query"
 NOW_MS = 1_700_000_000_000
 ARRIVAL = datetime.fromtimestamp(NOW_MS / 1000, tz=UTC)
@@ -593,6 +595,8 @@ def main(argv: list[str] | None = None) -> None:
                 out |= history_restore(
                     Path(tmp), batches, args.keys_per_slice, args.updates_per_slice, reps
                 )
+            if "group" in parts:
+                out |= restore_group.group_restore(Path(tmp), frame, reps=reps)
             if "requests" in parts:
                 out |= requests_part(
                     Path(tmp), requests, request_batches, large_batches, args.commit_format
@@ -616,6 +620,7 @@ def main(argv: list[str] | None = None) -> None:
             "keep_snapshots": RuntimeConfig.keep_snapshots,
             "reps": reps,
         },
+        "group": out.pop("_group_config", {}),
         "requests": out.pop("_requests_config", {}),
         "quick": args.quick,
         "seed": args.seed,

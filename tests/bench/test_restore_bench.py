@@ -119,3 +119,19 @@ def test_counting_stops_at_close(aws):  # noqa: ANN001
     requests.close()
     clients.client("dynamodb").list_tables()
     assert requests.take() == ({}, {})
+
+
+def test_the_group_restore_counts_every_get_of_both_arms(aws, tmp_path):  # noqa: ANN001
+    """Both arms restore every slice to its head; the baseline reads each section alone, so
+    its GETs are at least the sections applied, and the coalesced arm reads fewer."""
+    from bench import restore_group
+
+    out = restore_group.group_restore(tmp_path, restore.frame, slices=8, batches=6, reps=2)
+    assert out["group_restore_slices"] == 8
+    assert out["group_restore_segments_applied"] >= 8 * 5  # every batch after a snapshot
+    by_section = out["group_restore_gets_by_section"]
+    assert by_section >= out["group_restore_segments_applied"]
+    # one GET per segment (6) and a manifest and file per snapshot, at most
+    assert 0 < out["group_restore_gets_coalesced"] <= 6 + 2 * 8 < by_section
+    assert len(out["group_restore_coalesced_runs_s"]) == 2
+    assert out["group_restore_speedup"] > 0
