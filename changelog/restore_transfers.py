@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, ThreadPoolExecutor, wait
 
 from shardless.changelog.coalesce import Span, coalesce
 from shardless.changelog.download import IN_PROCESS, Transfers, fetch_files
@@ -64,7 +64,9 @@ def clean_up(w: RestoreWork) -> None:
 class SnapshotTransfers:
     """The snapshot transfers of every job, queued on the transfer pool by the calling
     thread while it hands finished transfers on: manifests `MANIFESTS_AHEAD` ahead, each
-    one's files as soon as it has arrived, so the pool stays busy with bulk transfers."""
+    one's files as soon as it has arrived, so the pool stays busy with bulk transfers. A
+    pack keeps its manifests together at its end, so the manifests of one pack are fetched
+    as one span (`coalesce`) and cut apart."""
 
     def __init__(
         self,
@@ -80,6 +82,16 @@ class SnapshotTransfers:
         self.todo = deque(w for w in work if w.error is None and w.plan and w.plan.snapshot)
         self.asked: deque[RestoreWork] = deque()  # manifest requested, files not queued yet
         self.transfers = tails.transfers
+        todo = list(self.todo)
+        snaps = [w.plan.snapshot for w in todo]  # type: ignore[union-attr]
+        spans = coalesce(
+            [
+                (s.key, s.at, s.length) if s.at >= 0 and cached_manifest(s) is None else None
+                for s in snaps
+            ]
+        )
+        self.spans = {id(w): span for w, span in zip(todo, spans, strict=True) if span}
+        self.fetched: dict[Span, Future[bytes]] = {}
 
     def run(self, finish: Callable[[RestoreWork], None]) -> None:
         """Call `finish` on every job that has not failed, each once its files are in
@@ -106,12 +118,37 @@ class SnapshotTransfers:
             w = self.todo.popleft()
             snap = w.plan.snapshot  # type: ignore[union-attr]
             found = cached_manifest(snap)
-            if found is None:
+            span = self.spans.get(id(w))
+            if found is None and span is not None:
+                w.manifest = self._cut(span, snap.at, snap.length)
+            elif found is None:
                 w.manifest = self.transfers.fetch(self.loc.bucket, snap.key, snap.byte_range)
             else:
                 w.manifest = done = Future()
                 done.set_result(found)
             self.asked.append(w)
+
+    def _cut(self, span: Span, at: int, length: int) -> Future[bytes]:
+        """A future of the bytes `at`..`at + length` of `span`, fetched once for all."""
+        whole = self.fetched.get(span)
+        if whole is None:
+            whole = self.fetched[span] = self.transfers.fetch(
+                self.loc.bucket, span.key, span.byte_range
+            )
+        part: Future[bytes] = Future()
+
+        def hand_on(done: Future[bytes]) -> None:
+            if not part.set_running_or_notify_cancel():
+                return  # its job was cleaned up
+            if done.cancelled():
+                part.set_exception(CancelledError())
+            elif done.exception() is not None:
+                part.set_exception(done.exception())  # type: ignore[arg-type]
+            else:
+                part.set_result(span.cut(done.result(), at, length))
+
+        whole.add_done_callback(hand_on)
+        return part
 
     def _queue(self, block: bool) -> None:
         """Queue the files of the jobs whose manifests are in (the next one: wait for it)."""

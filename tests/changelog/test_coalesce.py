@@ -221,3 +221,91 @@ def test_a_store_restored_from_spans_opens_again_at_its_version(location, tmp_pa
     assert again.version == BATCHES and again.tag == heads[3].log[-1].uid
     assert {k: v for k, v in again.items()} == expected[3]
     again.close()
+
+
+# -- snapshots from one pack ----------------------------------------------------------------
+
+
+def bulk(s: int) -> list[tuple[bytes, bytes]]:
+    return [(b"d" + f"s{s:02d}-bulk{i:02d}".encode(), b"y" * 50) for i in range(30)]
+
+
+def snapshot_together(location, tmp_path: Path) -> tuple[DurableState, dict[int, dict]]:
+    """`WIDE` slices at version 1 (one segment), snapshotted there as one pack, then version
+    2 (one segment) referencing the snapshots; each slice's state after version 2."""
+    from shardless.changelog.pack import Due, upload_pack
+
+    durable = DurableState(location, transfer_process_bytes=None)
+    stores = {
+        s: SliceStore(tmp_path / f"writer-{s}", identity(location.app, s, SLICES))
+        for s in range(WIDE)
+    }
+    first = {s: sorted([kv(s, 1), *bulk(s)]) for s in range(WIDE)}
+    done = durable.commit("q", 1, 0, [SliceCommit(s, 1, None, first[s]) for s in range(WIDE)])
+    for s, st_ in stores.items():
+        st_.commit(first[s], 1, tag=done.uid)
+    due = [Due(s, 1, st_.checkpoint(tmp_path / f"ck{s}")) for s, st_ in stores.items()]
+    refs = upload_pack(location, due)
+    heads = durable.heads(list(range(WIDE)))
+    second = {s: [kv(s, 2)] for s in range(WIDE)}
+    durable.commit(
+        "q", 2, 0, [SliceCommit(s, 2, heads[s], second[s], refs[s][0]) for s in range(WIDE)]
+    )
+    expected = {}
+    for s, st_ in stores.items():
+        expected[s] = {k: v for k, v in first[s]} | dict(second[s])
+        st_.close()
+    return durable, expected
+
+
+def test_slices_snapshotted_in_one_pack_read_its_manifests_with_one_get(location, tmp_path):
+    durable, expected = snapshot_together(location, tmp_path)
+    heads = durable.heads(list(range(WIDE)))
+    manifests._items.clear()
+    jobs = [
+        RestoreJob(tmp_path / "r" / f"s{s}", identity(location.app, s, SLICES), heads[s], 2)
+        for s in range(WIDE)
+    ]
+    requests = Requests()
+    try:
+        outcomes = restore_many(jobs, durable)
+    finally:
+        requests.close()
+    for o in outcomes:
+        assert o.error is None and o.store is not None and o.stats is not None
+        assert (o.stats.snapshot_version, o.stats.segments) == (1, 1)
+        assert {k: v for k, v in o.store.items()} == expected[o.job.slice]
+        o.store.close()
+    # the pack's manifests in one GET, each slice's SST file, the segment's sections in one
+    assert gets(requests) == 1 + WIDE + 1
+
+
+def test_a_damaged_manifest_in_a_shared_pack_fails_its_slice_alone_naming_its_bytes(
+    location, tmp_path
+):
+    """Cut from the pack's manifests read as one span, slice 4's damaged manifest is refused
+    by its own checksum, named by its own byte range; the others restore from the pack (no
+    older path reaches slice 4's version: its log starts after the snapshot)."""
+    durable, expected = snapshot_together(location, tmp_path)
+    heads = durable.heads(list(range(WIDE)))
+    snap = heads[4].snaps[-1]
+    s3 = boto3.client("s3")
+    body = bytearray(s3.get_object(Bucket=location.bucket, Key=snap.key)["Body"].read())
+    body[snap.at + snap.length // 2] ^= 0xFF  # inside slice 4's manifest
+    s3.put_object(Bucket=location.bucket, Key=snap.key, Body=bytes(body))
+    manifests._items.clear()
+    jobs = [
+        RestoreJob(tmp_path / "r" / f"s{s}", identity(location.app, s, SLICES), heads[s], 2)
+        for s in range(WIDE)
+    ]
+    outcomes = restore_many(jobs, durable)
+    for o in outcomes:
+        if o.job.slice == 4:
+            assert isinstance(o.error, CorruptObjectError)
+            assert f"{snap.key} bytes {snap.at}+{snap.length}: manifest checksum" in str(o.error)
+            assert o.store is None
+            continue
+        assert o.error is None and o.store is not None and o.stats is not None
+        assert o.stats.snapshot_version == 1
+        assert {k: v for k, v in o.store.items()} == expected[o.job.slice]
+        o.store.close()
