@@ -7,6 +7,7 @@ write (and fsync) on open while holding Python's GIL.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from concurrent.futures import Future, wait
 from pathlib import Path
 from typing import Protocol
@@ -40,6 +41,10 @@ class _InProcess:
 
 IN_PROCESS: Transfers = _InProcess()
 
+# The write of an SST file from bytes a restore fetched with others (a future of the bytes
+# written), or None: fetch it alone.
+Fetched = Callable[[SstFile, Path, OnBytes], "Future[int] | None"]
+
 
 def fetch_files(
     loc: AppLocation,
@@ -47,14 +52,20 @@ def fetch_files(
     dest: Path,
     on_bytes: OnBytes = no_progress,
     transfers: Transfers = IN_PROCESS,
+    fetched: Fetched | None = None,
 ) -> list[Future[int]]:
     """Start materialising the snapshot into `dest` (created): its SST objects downloaded
-    by `transfers` (this process's transfer pool unless told otherwise), its inline files
-    written on the transfer pool. Each future gives the bytes written or the reason an
-    object was refused. The calling thread makes no system call: a thread that gives up
-    Python's GIL waits to get it back while the transfers run."""
+    by `transfers` (this process's transfer pool unless told otherwise; or written from
+    bytes fetched already, when `fetched` has them), its inline files written on the
+    transfer pool. Each future gives the bytes written or the reason an object was refused.
+    The calling thread makes no system call: a thread that gives up Python's GIL waits to
+    get it back while the transfers run."""
     _inline_names(m)
-    files = [transfers.submit(loc.bucket, f, dest, on_bytes) for f in m.files]
+    files = [
+        (fetched(f, dest, on_bytes) if fetched else None)
+        or transfers.submit(loc.bucket, f, dest, on_bytes)
+        for f in m.files
+    ]
     return [*files, file_pool().submit(write_inline, m, dest, on_bytes)]
 
 

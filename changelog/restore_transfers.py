@@ -11,15 +11,17 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, ThreadPoolExecutor, wait
+from pathlib import Path
 
 from shardless.changelog.coalesce import Span, coalesce
 from shardless.changelog.download import IN_PROCESS, Transfers, fetch_files
 from shardless.changelog.durable import DurableState, section_range
 from shardless.changelog.errors import MissingObjectError
 from shardless.changelog.layout import LogEntry
-from shardless.changelog.manifest import Manifest, cached_manifest, manifest_from
-from shardless.changelog.objects import FILE_THREADS, file_pool, missing, no_progress
+from shardless.changelog.manifest import Manifest, SstFile, cached_manifest, manifest_from
+from shardless.changelog.objects import FILE_THREADS, OnBytes, file_pool, missing, no_progress
 from shardless.changelog.restore_jobs import Progress, RestoreWork
+from shardless.changelog.sst import object_size, write_sst
 from shardless.state.store import Change, SliceStore
 
 PREFETCH_BYTES = 64 << 20  # changelog sections fetched ahead of the one being applied
@@ -27,6 +29,7 @@ PREFETCH_SECTIONS = 256  # at most this many of them
 OPEN_AFTER_TRANSFERS = False  # True: open no store before every transfer is done
 MANIFESTS_AHEAD = FILE_THREADS  # manifests requested ahead of the slice whose files are queued
 FINISH_THREADS = 4  # threads opening stores and applying tails while transfers go on
+SMALL_SST_BYTES = 1 << 20  # SST files up to this size are fetched in spans; larger ones stream
 
 
 class DirectSections:
@@ -66,7 +69,9 @@ class SnapshotTransfers:
     thread while it hands finished transfers on: manifests `MANIFESTS_AHEAD` ahead, each
     one's files as soon as it has arrived, so the pool stays busy with bulk transfers. A
     pack keeps its manifests together at its end, so the manifests of one pack are fetched
-    as one span (`coalesce`) and cut apart."""
+    as one span (`coalesce`) and cut apart; so are the small SST files (up to
+    `SMALL_SST_BYTES`) of the manifests that are in, each written from its span with the
+    checks of a download. Larger files stream into their files as before."""
 
     def __init__(
         self,
@@ -80,6 +85,7 @@ class SnapshotTransfers:
         self.tails = tails
         self.on_bytes = progress.add if progress else no_progress
         self.todo = deque(w for w in work if w.error is None and w.plan and w.plan.snapshot)
+        self.lock = threading.Lock()  # file spans are let go from transfer threads
         self.asked: deque[RestoreWork] = deque()  # manifest requested, files not queued yet
         self.transfers = tails.transfers
         todo = list(self.todo)
@@ -91,7 +97,16 @@ class SnapshotTransfers:
             ]
         )
         self.spans = {id(w): span for w, span in zip(todo, spans, strict=True) if span}
+        self.span_jobs: dict[Span, list[RestoreWork]] = {}  # the jobs of each manifest span
+        for w, span in zip(todo, spans, strict=True):
+            if span is not None:
+                self.span_jobs.setdefault(span, []).append(w)
+        self.planned: set[Span] = set()  # manifest spans whose jobs' files are planned
         self.fetched: dict[Span, Future[bytes]] = {}
+        self.files_fetched: dict[Span, Future[bytes]] = {}
+        self.decoded: dict[int, Manifest] = {}  # manifests in, by job
+        self.file_spans: dict[tuple[str, int], Span] = {}  # small SST files, by (key, offset)
+        self.file_users: dict[Span, int] = {}  # files of each span not written yet
 
     def run(self, finish: Callable[[RestoreWork], None]) -> None:
         """Call `finish` on every job that has not failed, each once its files are in
@@ -150,19 +165,106 @@ class SnapshotTransfers:
         whole.add_done_callback(hand_on)
         return part
 
+    def _manifest(self, w: RestoreWork) -> Manifest:
+        """The job's manifest, once in (verified; raises as `manifest_from` does)."""
+        found = self.decoded.get(id(w))
+        if found is None:
+            got = w.manifest.result()  # type: ignore[union-attr]
+            found = got
+            if not isinstance(got, Manifest):
+                snap = w.plan.snapshot  # type: ignore[union-attr]
+                found = manifest_from(self.loc, snap, got, slice_id=w.job.slice)
+            self.decoded[id(w)] = found
+        return found
+
+    def _plan_files(self) -> None:
+        """Spans of the small SST files of every job whose pack's manifests are in (read
+        together, they name the files of several jobs at once). A manifest that does not
+        decode is left to its job's `queue`, which raises it there."""
+        files: list[SstFile] = []
+        for span, jobs in self.span_jobs.items():
+            whole = self.fetched.get(span)
+            if span in self.planned or whole is None or not whole.done() or whole.cancelled():
+                continue
+            self.planned.add(span)
+            if whole.exception() is not None:
+                continue
+            data = whole.result()
+            for w in jobs:
+                snap = w.plan.snapshot  # type: ignore[union-attr]
+                if w.error is not None or id(w) in self.decoded:
+                    continue
+                try:
+                    m = manifest_from(
+                        self.loc, snap, span.cut(data, snap.at, snap.length), slice_id=w.job.slice
+                    )
+                except Exception:  # noqa: BLE001 - raised again in its job's `queue`
+                    continue
+                self.decoded[id(w)] = m
+                files += [f for f in m.files if f.offset >= 0 and f.size <= SMALL_SST_BYTES]
+        spans = coalesce([(f.key, f.offset, object_size(f.size)) for f in files])
+        for f, span in zip(files, spans, strict=True):
+            if span is not None:
+                self.file_spans[(f.key, f.offset)] = span
+                self.file_users[span] = self.file_users.get(span, 0) + 1
+
+    def _file(self, f: SstFile, dest: Path, on_bytes: OnBytes) -> Future[int] | None:
+        """The write of SST file `f` from its span (fetched by the first file that needs
+        it), or None: it has no span."""
+        span = self.file_spans.pop((f.key, f.offset), None)
+        if span is None:
+            return None
+        whole = self.files_fetched.get(span)
+        if whole is None:
+            whole = self.files_fetched[span] = self.transfers.fetch(
+                self.loc.bucket, span.key, span.byte_range
+            )
+        written: Future[int] = Future()
+        bucket = self.loc.bucket
+
+        def write(done: Future[bytes]) -> None:
+            try:
+                if not written.set_running_or_notify_cancel():
+                    return  # its job was cleaned up
+                if done.cancelled():
+                    written.set_exception(CancelledError())
+                elif done.exception() is not None:
+                    written.set_exception(done.exception())  # type: ignore[arg-type]
+                else:
+                    data = span.cut(done.result(), f.offset, object_size(f.size))
+                    try:
+                        written.set_result(write_sst(bucket, data, f, dest, on_bytes))
+                    except Exception as exc:  # noqa: BLE001 - the job's error
+                        written.set_exception(exc)
+            finally:
+                self._written(span)
+
+        whole.add_done_callback(write)
+        return written
+
+    def _written(self, span: Span) -> None:
+        """One file of `span` done with; the span's bytes are let go after its last."""
+        with self.lock:
+            self.file_users[span] -= 1
+            if not self.file_users[span]:
+                del self.file_users[span]
+                self.files_fetched.pop(span, None)
+
     def _queue(self, block: bool) -> None:
         """Queue the files of the jobs whose manifests are in (the next one: wait for it)."""
+        self._plan_files()
         while self.asked and (block or self.asked[0].manifest.done()):  # type: ignore[union-attr]
             block = False
             w = self.asked.popleft()
+            self._plan_files()
 
             def queue(w: RestoreWork = w) -> None:
-                got = w.manifest.result()  # type: ignore[union-attr]
-                manifest = got
-                if not isinstance(got, Manifest):
-                    snap = w.plan.snapshot  # type: ignore[union-attr]
-                    manifest = manifest_from(self.loc, snap, got, slice_id=w.job.slice)
-                w.files = fetch_files(self.loc, manifest, w.job.path, self.on_bytes, self.transfers)
+                wait([w.manifest])  # type: ignore[list-item]
+                self._plan_files()  # its pack's other files with its own
+                manifest = self._manifest(w)
+                w.files = fetch_files(
+                    self.loc, manifest, w.job.path, self.on_bytes, self.transfers, self._file
+                )
 
             if w.error is None:
                 guarded(w, self.tails, queue)

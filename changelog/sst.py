@@ -119,10 +119,9 @@ def _check_header(header: bytes, f: SstFile, where: str) -> None:
 def _open_sst(bucket: str, f: SstFile) -> tuple[Any, str]:
     """The body of an SST object (the whole object, or its range of a pack), streaming,
     and where it is (MissingObjectError if gone)."""
-    where = f"s3://{bucket}/{f.key}"
+    where = sst_where(bucket, f)
     extra: dict[str, str] = {}
     if f.offset >= 0:
-        where += f" bytes {f.offset}+{object_size(f.size)}"
         extra["Range"] = f"bytes={f.offset}-{f.offset + object_size(f.size) - 1}"
     try:
         return aws.client("s3").get_object(Bucket=bucket, Key=f.key, **extra)["Body"], where
@@ -160,6 +159,30 @@ def download_sst(bucket: str, f: SstFile, dest: Path, on_bytes: OnBytes = no_pro
     _check_content(f, where, written, got)
     local_crcs.put(dest / f.name, got)  # the restored store's next snapshot shares it
     return written
+
+
+def sst_where(bucket: str, f: SstFile) -> str:
+    """How errors name an SST object: its object, and its bytes when it is in a pack."""
+    where = f"s3://{bucket}/{f.key}"
+    return where if f.offset < 0 else f"{where} bytes {f.offset}+{object_size(f.size)}"
+
+
+def write_sst(
+    bucket: str, data: bytes, f: SstFile, dest: Path, on_bytes: OnBytes = no_progress
+) -> int:
+    """Write an SST object already fetched (cut from a span of its pack) into `dest`, with
+    `download_sst`'s checks made before the file is written."""
+    where = sst_where(bucket, f)
+    _check_header(data[: _SST.size], f, where)
+    content = memoryview(data)[_SST.size :]
+    crc = zlib.crc32(content)
+    _check_content(f, where, len(content), crc)
+    dest.mkdir(parents=True, exist_ok=True)
+    with open(dest / f.name, "wb", buffering=0) as out:
+        out.write(content)
+    on_bytes(len(content))
+    local_crcs.put(dest / f.name, crc)
+    return len(content)
 
 
 _SESSION = re.compile(rb"session\.identity([0-9A-Z]{20})")  # rocksdb.db.session.id

@@ -258,7 +258,7 @@ def snapshot_together(location, tmp_path: Path) -> tuple[DurableState, dict[int,
     return durable, expected
 
 
-def test_slices_snapshotted_in_one_pack_read_its_manifests_with_one_get(location, tmp_path):
+def test_slices_snapshotted_in_one_pack_read_it_with_two_gets(location, tmp_path):
     durable, expected = snapshot_together(location, tmp_path)
     heads = durable.heads(list(range(WIDE)))
     manifests._items.clear()
@@ -276,8 +276,8 @@ def test_slices_snapshotted_in_one_pack_read_its_manifests_with_one_get(location
         assert (o.stats.snapshot_version, o.stats.segments) == (1, 1)
         assert {k: v for k, v in o.store.items()} == expected[o.job.slice]
         o.store.close()
-    # the pack's manifests in one GET, each slice's SST file, the segment's sections in one
-    assert gets(requests) == 1 + WIDE + 1
+    # the pack's manifests in one GET, its SST files in another, the segment's sections in one
+    assert gets(requests) == 3
 
 
 def test_a_damaged_manifest_in_a_shared_pack_fails_its_slice_alone_naming_its_bytes(
@@ -304,6 +304,39 @@ def test_a_damaged_manifest_in_a_shared_pack_fails_its_slice_alone_naming_its_by
             assert isinstance(o.error, CorruptObjectError)
             assert f"{snap.key} bytes {snap.at}+{snap.length}: manifest checksum" in str(o.error)
             assert o.store is None
+            continue
+        assert o.error is None and o.store is not None and o.stats is not None
+        assert o.stats.snapshot_version == 1
+        assert {k: v for k, v in o.store.items()} == expected[o.job.slice]
+        o.store.close()
+
+
+def test_a_damaged_sst_file_in_a_shared_span_fails_its_slice_alone_naming_its_bytes(
+    location, tmp_path
+):
+    from shardless.changelog.manifest import read_manifest
+    from shardless.changelog.sst import object_size
+
+    durable, expected = snapshot_together(location, tmp_path)
+    heads = durable.heads(list(range(WIDE)))
+    snap = heads[7].snaps[-1]
+    f = read_manifest(location, snap, slice_id=7).files[0]
+    assert f.offset >= 0  # in the pack
+    s3 = boto3.client("s3")
+    body = bytearray(s3.get_object(Bucket=location.bucket, Key=f.key)["Body"].read())
+    body[f.offset + object_size(f.size) - 1] ^= 0xFF  # the last byte of slice 7's file
+    s3.put_object(Bucket=location.bucket, Key=f.key, Body=bytes(body))
+    manifests._items.clear()
+    jobs = [
+        RestoreJob(tmp_path / "r" / f"s{s}", identity(location.app, s, SLICES), heads[s], 2)
+        for s in range(WIDE)
+    ]
+    outcomes = restore_many(jobs, durable)
+    for o in outcomes:
+        if o.job.slice == 7:
+            assert isinstance(o.error, CorruptObjectError), o.error
+            assert f"{f.key} bytes {f.offset}+{object_size(f.size)}: content" in str(o.error)
+            assert o.store is None and not (tmp_path / "r" / "s7").exists()
             continue
         assert o.error is None and o.store is not None and o.stats is not None
         assert o.stats.snapshot_version == 1
