@@ -53,6 +53,7 @@ from bench.batch_cost import (
 )
 from bench.billing import Requests
 from shardless.changelog import aws, restore_transfers
+from shardless.changelog.coalesce import coalesce
 from shardless.changelog.durable import DurableState, SliceCommit
 from shardless.changelog.history import plan_restore
 from shardless.changelog.layout import AppLocation, Head
@@ -172,22 +173,46 @@ def build_slices(
 
 
 def fetch_list(loc: AppLocation, heads: dict[int, Head]) -> list[tuple[str, str | None]]:
-    """(key, byte range) of every object (or part of a pack) a restore of `heads` reads,
-    from its plans."""
-    out: list[tuple[str, str | None]] = []
+    """(key, byte range) of every GET a restore of `heads` makes, from its plans: each
+    manifest, SST file and changelog section, or the span it is read in as the restore
+    reads them (`changelog.coalesce`: a pack's manifests, its small SST files, a segment's
+    neighbouring sections)."""
+    snaps, files, sections = [], [], []
     for head in heads.values():
         how = plan_restore(head, None, head.version)
         if how.snapshot is not None:
-            manifest = read_manifest(loc, how.snapshot, slice_id=head.slice)
-            out.append((how.snapshot.key, how.snapshot.byte_range))
-            out += [
-                (f.key, None)
-                if f.offset < 0
-                else (f.key, f"bytes={f.offset}-{f.offset + object_size(f.size) - 1}")
-                for f in manifest.files
-            ]
-        for e in how.entries:
-            out.append((e.key(loc), f"bytes={e.offset}-{e.offset + e.length - 1}"))
+            snaps.append(how.snapshot)
+            files += read_manifest(loc, how.snapshot, slice_id=head.slice).files
+        sections += [(e.key(loc), e.offset, e.length) for e in how.entries]
+    small = restore_transfers.SMALL_SST_BYTES
+    out: list[tuple[str, str | None]] = []
+
+    def spans_of(items: list, where: list[tuple[str, int, int] | None]) -> None:
+        seen = set()
+        for item, span in zip(items, coalesce(where), strict=True):
+            if span is None:
+                out.append(item)
+            elif span not in seen:
+                seen.add(span)
+                out.append((span.key, span.byte_range))
+
+    spans_of(
+        [(s.key, s.byte_range) for s in snaps],
+        [(s.key, s.at, s.length) if s.at >= 0 else None for s in snaps],
+    )
+    spans_of(
+        [
+            (f.key, None)
+            if f.offset < 0
+            else (f.key, f"bytes={f.offset}-{f.offset + object_size(f.size) - 1}")
+            for f in files
+        ],
+        [
+            (f.key, f.offset, object_size(f.size)) if f.offset >= 0 and f.size <= small else None
+            for f in files
+        ],
+    )
+    spans_of([(k, f"bytes={o}-{o + n - 1}") for k, o, n in sections], sections)
     return out
 
 

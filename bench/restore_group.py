@@ -5,8 +5,9 @@ One group of `slices` small slices is driven through `GroupRunner.run` for `batc
 (each batch one segment with a section of every slice; snapshots every 32 versions, as in
 production), then restored into empty directories by `StoreCache.acquire_many`, as a new
 worker does, with no segment cache. Two arms, alternated rep by rep: the restore as it
-is (`changelog.coalesce`: a segment's neighbouring sections read with one GET) and the
-baseline, the same restore reading each section alone. Every S3 GET of each arm is counted
+is (`changelog.coalesce`: a segment's neighbouring sections, a pack's manifests and its
+small SST files each read with one GET) and the baseline, the same restore reading each
+section, manifest and file alone. Every S3 GET of each arm is counted
 (`bench.billing.Requests`; transfers in this process, as for any restore of this size).
 """
 
@@ -34,7 +35,7 @@ from shardless.processor.runtime.stores import StoreCache
 
 QUERY = "bench-group"
 NOW_MS = 1_700_000_000_000
-ARMS = ("coalesced", "by_section")
+ARMS = ("coalesced", "one_by_one")
 
 Frame = Callable[[list[tuple[str, int]], int], pd.DataFrame]
 
@@ -57,8 +58,8 @@ def build(
     return seq
 
 
-def by_section(sections: list) -> list[None]:
-    """The baseline's plan: every section read alone, as before `coalesce`."""
+def one_by_one(sections: list) -> list[None]:
+    """The baseline's plan: everything read alone, as before `coalesce`."""
     return [None] * len(sections)
 
 
@@ -109,7 +110,7 @@ def group_restore(
     original = restore_transfers.coalesce
     for rep in range(reps):
         for arm in ARMS if rep % 2 == 0 else ARMS[::-1]:
-            restore_transfers.coalesce = original if arm == "coalesced" else by_section
+            restore_transfers.coalesce = original if arm == "coalesced" else one_by_one
             root = tmp / f"group-restore-{arm}-{rep}"
             try:
                 runs[arm].append(restore_once(loc, slices, root))
@@ -129,7 +130,7 @@ def group_restore(
     out["group_restore_segments_applied"] = first["segments"]
     out["group_restore_slices_from_snapshot"] = first["from_snapshot"]
     out["group_restore_speedup"] = (
-        out["group_restore_s_by_section"] / out["group_restore_s_coalesced"]
+        out["group_restore_s_one_by_one"] / out["group_restore_s_coalesced"]
     )
     out["_group_config"] = {
         "slices": slices,

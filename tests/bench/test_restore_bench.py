@@ -129,9 +129,35 @@ def test_the_group_restore_counts_every_get_of_both_arms(aws, tmp_path):  # noqa
     out = restore_group.group_restore(tmp_path, restore.frame, slices=8, batches=6, reps=2)
     assert out["group_restore_slices"] == 8
     assert out["group_restore_segments_applied"] >= 8 * 5  # every batch after a snapshot
-    by_section = out["group_restore_gets_by_section"]
-    assert by_section >= out["group_restore_segments_applied"]
+    one_by_one = out["group_restore_gets_one_by_one"]
+    assert one_by_one >= out["group_restore_segments_applied"]
     # one GET per segment (6) and a manifest and file per snapshot, at most
-    assert 0 < out["group_restore_gets_coalesced"] <= 6 + 2 * 8 < by_section
+    assert 0 < out["group_restore_gets_coalesced"] <= 6 + 2 * 8 < one_by_one
     assert len(out["group_restore_coalesced_runs_s"]) == 2
     assert out["group_restore_speedup"] > 0
+
+
+@pytest.mark.parametrize("value_bytes", [64, 700_000])  # small files in spans; large alone
+def test_the_download_baseline_makes_exactly_the_gets_of_the_restore(
+    aws, tmp_path, value_bytes: int
+):  # noqa: ANN001
+    """`fetch_list` is the baseline's list of GETs: as many as the restore it is compared
+    with makes, counted, whether the snapshots' SST files are read in spans or alone."""
+    from shardless.changelog.durable import DurableState
+
+    loc = batch_cost.new_app("baseline", restore.SLICES)
+    durable = DurableState(loc, transfer_process_bytes=None)
+    slices = range(8)
+    restore.build_slices(loc, durable, 0, slices, tmp_path / "build", 2, value_bytes, 7)
+    heads = durable.heads(list(slices))
+    listed = restore.fetch_list(loc, heads)
+    requests = billing.Requests()
+    try:
+        seconds, _, stats, _ = restore.restore_all(
+            loc, restore.SLICES, tmp_path / "r", transfer_process_bytes=None
+        )
+    finally:
+        requests.close()
+    assert len(stats) == 8 and seconds > 0
+    assert requests.calls[("s3", "GetObject")] == len(listed)
+    assert len(listed) == (3 if value_bytes == 64 else 2 + 8)
