@@ -85,7 +85,7 @@ class SnapshotTransfers:
         self.tails = tails
         self.on_bytes = progress.add if progress else no_progress
         self.todo = deque(w for w in work if w.error is None and w.plan and w.plan.snapshot)
-        self.lock = threading.Lock()  # file spans are let go from transfer threads
+        self._lock = threading.Lock()  # file spans are let go from transfer threads
         self.asked: deque[RestoreWork] = deque()  # manifest requested, files not queued yet
         self.transfers = tails.transfers
         todo = list(self.todo)
@@ -203,10 +203,11 @@ class SnapshotTransfers:
                 self.decoded[id(w)] = m
                 files += [f for f in m.files if f.offset >= 0 and f.size <= SMALL_SST_BYTES]
         spans = coalesce([(f.key, f.offset, object_size(f.size)) for f in files])
-        for f, span in zip(files, spans, strict=True):
-            if span is not None:
-                self.file_spans[(f.key, f.offset)] = span
-                self.file_users[span] = self.file_users.get(span, 0) + 1
+        with self._lock:
+            for f, span in zip(files, spans, strict=True):
+                if span is not None:
+                    self.file_spans[(f.key, f.offset)] = span
+                    self.file_users[span] = self.file_users.get(span, 0) + 1
 
     def _file(self, f: SstFile, dest: Path, on_bytes: OnBytes) -> Future[int] | None:
         """The write of SST file `f` from its span (fetched by the first file that needs
@@ -244,7 +245,7 @@ class SnapshotTransfers:
 
     def _written(self, span: Span) -> None:
         """One file of `span` done with; the span's bytes are let go after its last."""
-        with self.lock:
+        with self._lock:
             self.file_users[span] -= 1
             if not self.file_users[span]:
                 del self.file_users[span]
