@@ -342,3 +342,44 @@ def test_a_damaged_sst_file_in_a_shared_span_fails_its_slice_alone_naming_its_by
         assert o.stats.snapshot_version == 1
         assert {k: v for k, v in o.store.items()} == expected[o.job.slice]
         o.store.close()
+
+
+def test_a_restore_lets_every_span_go_once_its_last_part_is_used(location, tmp_path, monkeypatch):
+    """Spans are held only until their last section or file is applied or written: after a
+    restore the pipeline holds no span's bytes and counts none as held."""
+    from shardless.changelog import restore as restore_module
+    from shardless.changelog.restore_transfers import SnapshotTransfers, TailSections
+
+    made: list = []
+
+    class Tails(TailSections):
+        def __init__(self, *a, **kw) -> None:
+            super().__init__(*a, **kw)
+            made.append(self)
+
+    class Snaps(SnapshotTransfers):
+        def __init__(self, *a, **kw) -> None:
+            super().__init__(*a, **kw)
+            made.append(self)
+
+    monkeypatch.setattr(restore_module, "TailSections", Tails)
+    monkeypatch.setattr(restore_module, "SnapshotTransfers", Snaps)
+    durable, expected = snapshot_together(location, tmp_path)
+    heads = durable.heads(list(range(WIDE)))
+    manifests._items.clear()
+    jobs = [
+        RestoreJob(tmp_path / "r" / f"s{s}", identity(location.app, s, SLICES), heads[s], 2)
+        for s in range(WIDE)
+    ]
+    outcomes = restore_many(jobs, durable)
+    for o in outcomes:
+        assert o.error is None and o.store is not None
+        assert {k: v for k, v in o.store.items()} == expected[o.job.slice]
+        o.store.close()
+    tails = [m for m in made if isinstance(m, Tails)]
+    snaps = [m for m in made if isinstance(m, Snaps)]
+    assert tails and snaps
+    for t in tails:
+        assert t.held == 0 and not t.fetched and not t.users and not t.ahead
+    for s in snaps:
+        assert s.file_spans == {} and s.file_users == {} and s.files_fetched == {}
