@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, ThreadPoolExecutor, wait
 from pathlib import Path
+from typing import TypeVar
 
 from shardless.changelog.coalesce import Span, coalesce
 from shardless.changelog.download import IN_PROCESS, Transfers, fetch_files
@@ -30,6 +31,36 @@ OPEN_AFTER_TRANSFERS = False  # True: open no store before every transfer is don
 MANIFESTS_AHEAD = FILE_THREADS  # manifests requested ahead of the slice whose files are queued
 FINISH_THREADS = 4  # threads opening stores and applying tails while transfers go on
 SMALL_SST_BYTES = 1 << 20  # SST files up to this size are fetched in spans; larger ones stream
+T = TypeVar("T")
+
+
+def then(
+    whole: Future[bytes], step: Callable[[bytes], T], after: Callable[[], None] | None = None
+) -> Future[T]:
+    """A future of `step` applied to `whole`'s bytes once they are in, run in the thread
+    that completes `whole` (its error, or a cancellation, handed on instead); `after`
+    runs in any case, once. Cancelled first (its job was cleaned up), `step` does not run."""
+    out: Future[T] = Future()
+
+    def hand_on(done: Future[bytes]) -> None:
+        try:
+            if not out.set_running_or_notify_cancel():
+                return
+            if done.cancelled():
+                out.set_exception(CancelledError())
+            elif done.exception() is not None:
+                out.set_exception(done.exception())  # type: ignore[arg-type]
+            else:
+                try:
+                    out.set_result(step(done.result()))
+                except Exception as exc:  # noqa: BLE001 - the job's error
+                    out.set_exception(exc)
+        finally:
+            if after is not None:
+                after()
+
+    whole.add_done_callback(hand_on)
+    return out
 
 
 class DirectSections:
@@ -150,20 +181,7 @@ class SnapshotTransfers:
             whole = self.fetched[span] = self.transfers.fetch(
                 self.loc.bucket, span.key, span.byte_range
             )
-        part: Future[bytes] = Future()
-
-        def hand_on(done: Future[bytes]) -> None:
-            if not part.set_running_or_notify_cancel():
-                return  # its job was cleaned up
-            if done.cancelled():
-                part.set_exception(CancelledError())
-            elif done.exception() is not None:
-                part.set_exception(done.exception())  # type: ignore[arg-type]
-            else:
-                part.set_result(span.cut(done.result(), at, length))
-
-        whole.add_done_callback(hand_on)
-        return part
+        return then(whole, lambda data: span.cut(data, at, length))
 
     def _manifest(self, w: RestoreWork) -> Manifest:
         """The job's manifest, once in (verified; raises as `manifest_from` does)."""
@@ -220,28 +238,13 @@ class SnapshotTransfers:
             whole = self.files_fetched[span] = self.transfers.fetch(
                 self.loc.bucket, span.key, span.byte_range
             )
-        written: Future[int] = Future()
         bucket = self.loc.bucket
 
-        def write(done: Future[bytes]) -> None:
-            try:
-                if not written.set_running_or_notify_cancel():
-                    return  # its job was cleaned up
-                if done.cancelled():
-                    written.set_exception(CancelledError())
-                elif done.exception() is not None:
-                    written.set_exception(done.exception())  # type: ignore[arg-type]
-                else:
-                    data = span.cut(done.result(), f.offset, object_size(f.size))
-                    try:
-                        written.set_result(write_sst(bucket, data, f, dest, on_bytes))
-                    except Exception as exc:  # noqa: BLE001 - the job's error
-                        written.set_exception(exc)
-            finally:
-                self._written(span)
+        def write(data: bytes) -> int:
+            part = span.cut(data, f.offset, object_size(f.size))
+            return write_sst(bucket, part, f, dest, on_bytes)
 
-        whole.add_done_callback(write)
-        return written
+        return then(whole, write, lambda: self._written(span))
 
     def _written(self, span: Span) -> None:
         """One file of `span` done with; the span's bytes are let go after its last."""

@@ -116,27 +116,31 @@ def commit_together(location) -> tuple[DurableState, dict[int, dict[bytes, bytes
     return durable, expected
 
 
-def restore(location, durable: DurableState, tmp_path: Path, name: str):
+def restore(location, durable: DurableState, tmp_path: Path, name: str, target: int = BATCHES):
+    """Every slice restored to `target` into `tmp_path/name`, as a new worker does (no
+    manifest cached); the heads restored from and the outcomes."""
     heads = durable.heads(list(range(WIDE)))
     manifests._items.clear()
     jobs = [
-        RestoreJob(tmp_path / name / f"s{s}", identity(location.app, s, SLICES), heads[s], BATCHES)
+        RestoreJob(tmp_path / name / f"s{s}", identity(location.app, s, SLICES), heads[s], target)
         for s in range(WIDE)
     ]
     return heads, restore_many(jobs, durable)
 
 
-def gets(requests: Requests) -> int:
-    return requests.calls[("s3", "GetObject")]
+def counted_restore(location, durable: DurableState, tmp_path: Path, target: int = BATCHES):
+    """`restore`'s outcomes, and the S3 GETs it made (the transfer threads' included)."""
+    requests = Requests()
+    try:
+        _, outcomes = restore(location, durable, tmp_path, "r", target)
+    finally:
+        requests.close()
+    return outcomes, requests.calls[("s3", "GetObject")]
 
 
 def test_slices_sharing_segments_restore_with_one_get_a_segment(location, tmp_path):
     durable, expected = commit_together(location)
-    requests = Requests()
-    try:
-        _, outcomes = restore(location, durable, tmp_path, "r")
-    finally:
-        requests.close()
+    outcomes, got = counted_restore(location, durable, tmp_path)
     for o in outcomes:
         assert o.error is None and o.store is not None and o.stats is not None
         assert o.stats.segments == BATCHES
@@ -144,7 +148,7 @@ def test_slices_sharing_segments_restore_with_one_get_a_segment(location, tmp_pa
         assert user == expected[o.job.slice]
         assert o.store.version == BATCHES
         o.store.close()
-    assert gets(requests) == BATCHES  # one span per segment, not one GET per section
+    assert got == BATCHES  # one span per segment, not one GET per section
 
 
 def test_the_counter_sees_every_get_of_a_restore_read_section_by_section(
@@ -156,15 +160,11 @@ def test_the_counter_sees_every_get_of_a_restore_read_section_by_section(
 
     durable, _ = commit_together(location)
     monkeypatch.setattr(restore_transfers, "coalesce", lambda sections: [None] * len(sections))
-    requests = Requests()
-    try:
-        _, outcomes = restore(location, durable, tmp_path, "r")
-    finally:
-        requests.close()
+    outcomes, got = counted_restore(location, durable, tmp_path)
     for o in outcomes:
         assert o.error is None and o.store is not None
         o.store.close()
-    assert gets(requests) == WIDE * BATCHES
+    assert got == WIDE * BATCHES
 
 
 def test_a_damaged_section_fails_its_slice_alone_and_names_its_object(location, tmp_path):
@@ -260,24 +260,14 @@ def snapshot_together(location, tmp_path: Path) -> tuple[DurableState, dict[int,
 
 def test_slices_snapshotted_in_one_pack_read_it_with_two_gets(location, tmp_path):
     durable, expected = snapshot_together(location, tmp_path)
-    heads = durable.heads(list(range(WIDE)))
-    manifests._items.clear()
-    jobs = [
-        RestoreJob(tmp_path / "r" / f"s{s}", identity(location.app, s, SLICES), heads[s], 2)
-        for s in range(WIDE)
-    ]
-    requests = Requests()
-    try:
-        outcomes = restore_many(jobs, durable)
-    finally:
-        requests.close()
+    outcomes, got = counted_restore(location, durable, tmp_path, target=2)
     for o in outcomes:
         assert o.error is None and o.store is not None and o.stats is not None
         assert (o.stats.snapshot_version, o.stats.segments) == (1, 1)
         assert {k: v for k, v in o.store.items()} == expected[o.job.slice]
         o.store.close()
     # the pack's manifests in one GET, its SST files in another, the segment's sections in one
-    assert gets(requests) == 3
+    assert got == 3
 
 
 def test_a_damaged_manifest_in_a_shared_pack_fails_its_slice_alone_naming_its_bytes(
@@ -293,12 +283,7 @@ def test_a_damaged_manifest_in_a_shared_pack_fails_its_slice_alone_naming_its_by
     body = bytearray(s3.get_object(Bucket=location.bucket, Key=snap.key)["Body"].read())
     body[snap.at + snap.length // 2] ^= 0xFF  # inside slice 4's manifest
     s3.put_object(Bucket=location.bucket, Key=snap.key, Body=bytes(body))
-    manifests._items.clear()
-    jobs = [
-        RestoreJob(tmp_path / "r" / f"s{s}", identity(location.app, s, SLICES), heads[s], 2)
-        for s in range(WIDE)
-    ]
-    outcomes = restore_many(jobs, durable)
+    _, outcomes = restore(location, durable, tmp_path, "r", target=2)
     for o in outcomes:
         if o.job.slice == 4:
             assert isinstance(o.error, CorruptObjectError)
@@ -326,12 +311,7 @@ def test_a_damaged_sst_file_in_a_shared_span_fails_its_slice_alone_naming_its_by
     body = bytearray(s3.get_object(Bucket=location.bucket, Key=f.key)["Body"].read())
     body[f.offset + object_size(f.size) - 1] ^= 0xFF  # the last byte of slice 7's file
     s3.put_object(Bucket=location.bucket, Key=f.key, Body=bytes(body))
-    manifests._items.clear()
-    jobs = [
-        RestoreJob(tmp_path / "r" / f"s{s}", identity(location.app, s, SLICES), heads[s], 2)
-        for s in range(WIDE)
-    ]
-    outcomes = restore_many(jobs, durable)
+    _, outcomes = restore(location, durable, tmp_path, "r", target=2)
     for o in outcomes:
         if o.job.slice == 7:
             assert isinstance(o.error, CorruptObjectError), o.error
@@ -365,13 +345,7 @@ def test_a_restore_lets_every_span_go_once_its_last_part_is_used(location, tmp_p
     monkeypatch.setattr(restore_module, "TailSections", Tails)
     monkeypatch.setattr(restore_module, "SnapshotTransfers", Snaps)
     durable, expected = snapshot_together(location, tmp_path)
-    heads = durable.heads(list(range(WIDE)))
-    manifests._items.clear()
-    jobs = [
-        RestoreJob(tmp_path / "r" / f"s{s}", identity(location.app, s, SLICES), heads[s], 2)
-        for s in range(WIDE)
-    ]
-    outcomes = restore_many(jobs, durable)
+    _, outcomes = restore(location, durable, tmp_path, "r", target=2)
     for o in outcomes:
         assert o.error is None and o.store is not None
         assert {k: v for k, v in o.store.items()} == expected[o.job.slice]
