@@ -23,6 +23,7 @@ from shardless.changelog.manifest import Manifest, SstFile, cached_manifest, man
 from shardless.changelog.objects import FILE_THREADS, OnBytes, file_pool, missing, no_progress
 from shardless.changelog.restore_jobs import Progress, RestoreWork
 from shardless.changelog.sst import object_size, write_sst
+from shardless.changelog.transfer_process import in_helper
 from shardless.state.store import Change, SliceStore
 
 PREFETCH_BYTES = 64 << 20  # changelog sections fetched ahead of the one being applied
@@ -41,6 +42,8 @@ def then(
     that completes `whole` (its error, or a cancellation, handed on instead); `after`
     runs in any case, once. Cancelled first (its job was cleaned up), `step` does not run."""
     out: Future[T] = Future()
+    if in_helper(whole):
+        out.in_helper = True  # type: ignore[attr-defined] # its bytes came through the helper
 
     def hand_on(done: Future[bytes]) -> None:
         try:

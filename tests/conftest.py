@@ -101,6 +101,15 @@ def transfer_helper():  # noqa: ANN201
 
 
 @pytest.fixture
+def helper(monkeypatch, transfer_helper):  # noqa: ANN001, ANN201
+    """Every restore's transfers go to a new helper process."""
+    from shardless.changelog import restore as restore_module
+
+    monkeypatch.setattr(restore_module, "transfer_process", lambda: transfer_helper)
+    return transfer_helper
+
+
+@pytest.fixture
 def location(aws: local_aws.LocalAws) -> AppLocation:
     """A fresh application (bucket, table, 16 slices) for one test."""
     loc = AppLocation.default(f"t-{uuid.uuid4().hex[:10]}")

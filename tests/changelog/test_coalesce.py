@@ -357,3 +357,18 @@ def test_a_restore_lets_every_span_go_once_its_last_part_is_used(location, tmp_p
         assert t.held == 0 and not t.fetched and not t.users and not t.ahead
     for s in snaps:
         assert s.file_spans == {} and s.file_users == {} and s.files_fetched == {}
+
+
+def test_spans_of_a_large_restore_are_fetched_by_the_helper_process(location, tmp_path, helper):
+    """A restore that hands its transfers to the helper process sends it one GET per span
+    (the pack's manifests, its SST files, the segment), and still says so in its stats."""
+    durable, expected = snapshot_together(location, tmp_path)
+    via_helper = DurableState(location, transfer_process_bytes=0)
+    _, outcomes = restore(location, via_helper, tmp_path, "r", target=2)
+    for o in outcomes:
+        assert o.error is None and o.store is not None and o.stats is not None
+        assert o.stats.snapshot_version == 1 and o.stats.transfer_process
+        assert {k: v for k, v in o.store.items()} == expected[o.job.slice]
+        o.store.close()
+    assert helper.starts == 1 and helper.ran_here == 0
+    assert helper.sent == 3

@@ -33,13 +33,6 @@ from tests.changelog.test_durable import SLICES
 from tests.changelog.test_restore_many import build, corrupt
 
 
-@pytest.fixture
-def helper(monkeypatch, transfer_helper):
-    """Every restore's transfers go to a new helper process."""
-    monkeypatch.setattr(restore_module, "transfer_process", lambda: transfer_helper)
-    return transfer_helper
-
-
 def jobs_for(location, tmp_path, heads, target: int) -> list[RestoreJob]:
     """A restore into an empty directory of each slice of `heads`."""
     return [
