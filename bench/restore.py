@@ -11,7 +11,7 @@
 2. Restore time of 16 slices after a short and a long history of small batches driven
    through `GroupRunner.run` (snapshots every 32 versions, as in production).
 3. A group's 128 small slices restored on a host without its segments
-   (`bench.restore_group`): sections read a segment at a time against one by one.
+   (`bench.restore_group`): read in spans (`changelog.coalesce`) against one GET each.
 4. What a batch costs (`bench.batch_cost`): every S3 and DynamoDB call counted by type
    with DynamoDB's billed units from the real request sizes, at 256 and 4,096 slices in 8
    groups, every slice changed and 10 % of them; dollars a month at 1 s and 10 s
