@@ -248,13 +248,16 @@ def restore_all(
     root: Path,
     check: bool = False,
     transfer_process_bytes: int | None = TRANSFER_PROCESS_BYTES,
+    heads: dict[int, Head] | None = None,
 ) -> tuple[float, int, list[dict[str, Any]], int]:
     """Seconds and bytes for a new worker to restore every slice to its head into empty
     directories (claims included), each slice's stats, and (with `check`) the sum of
     the restored counters. The restored stores are closed and left under `root`.
-    `transfer_process_bytes` as in `DurableState` (None: no transfer process)."""
+    `transfer_process_bytes` as in `DurableState` (None: no transfer process); `heads`:
+    read already (default: read here, untimed)."""
     durable = DurableState(loc, transfer_process_bytes=transfer_process_bytes)
-    heads = durable.heads(list(range(slices)))
+    if heads is None:
+        heads = durable.heads(list(range(slices)))
     forget_manifests()
     transfer_process().stop()  # a new worker has no helper yet: starting it is part of the restore
     cache = StoreCache(root, loc.app, slices)
@@ -621,7 +624,7 @@ def main(argv: list[str] | None = None) -> None:
                     Path(tmp), batches, args.keys_per_slice, args.updates_per_slice, reps
                 )
             if "group" in parts:
-                out |= restore_group.group_restore(Path(tmp), frame, reps=reps)
+                out |= restore_group.group_restore(Path(tmp), frame, restore_all, reps=reps)
             if "requests" in parts:
                 out |= requests_part(
                     Path(tmp), requests, request_batches, large_batches, args.commit_format

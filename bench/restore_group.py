@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import shutil
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,17 +26,16 @@ from bench.billing import Requests
 from shardless.changelog import restore_transfers
 from shardless.changelog.durable import DurableState
 from shardless.changelog.layout import AppLocation
-from shardless.changelog.manifest import manifests
 from shardless.changelog.transfer_process import transfer_process
 from shardless.processor.api.handlers import HandlerFactory
 from shardless.processor.runtime.group_runner import GroupRunner, RuntimeConfig
-from shardless.processor.runtime.stores import StoreCache
 
 QUERY = "bench-group"
 NOW_MS = 1_700_000_000_000
 ARMS = ("coalesced", "one_by_one")
 
 Frame = Callable[[list[tuple[str, int]], int], pd.DataFrame]
+RestoreAll = Callable[..., tuple[float, int, list[dict[str, Any]], int]]  # bench.restore's
 
 
 def build(
@@ -63,31 +61,28 @@ def one_by_one(sections: list) -> list[None]:
     return [None] * len(sections)
 
 
-def restore_once(loc: AppLocation, slices: int, root: Path) -> dict[str, Any]:
-    """Every slice restored to its head into empty directories under `root`, as a new
-    worker on a new host does: its seconds and S3 GETs (the heads, read before, as the
-    batch reads them: their GETs apart), bytes and sections applied."""
+def restore_once(
+    loc: AppLocation, slices: int, root: Path, restore_all: RestoreAll
+) -> dict[str, Any]:
+    """Every slice restored to its head into empty directories under `root` by
+    `bench.restore.restore_all`, as a new worker on a new host does: its seconds and S3
+    GETs (the heads, read before as the batch reads them, with their GETs apart), bytes
+    and sections applied."""
     durable = DurableState(loc, transfer_process_bytes=None)
-    manifests._items.clear()  # a new worker has no manifest cached
-    cache = StoreCache(root, loc.app, slices)
     requests = Requests()
     try:
         heads = durable.heads(list(range(slices)))  # through the chain: segment indexes too
         heads_gets = requests.calls[("s3", "GetObject")]
-        started = time.perf_counter()
-        got = cache.acquire_many([(s, h, h.version) for s, h in sorted(heads.items())], durable)
-        seconds = time.perf_counter() - started
+        seconds, restored, stats, _ = restore_all(
+            loc, slices, root, transfer_process_bytes=None, heads=heads
+        )
     finally:
         requests.close()
-    stats = [r.to_dict() for _, _, r in got.values() if r is not None]
-    for s, (store, _, _) in got.items():
-        assert store.version == heads[s].version, f"slice {s} restored to v{store.version}"
-        store.close()
     return {
         "seconds": seconds,
         "gets": requests.calls[("s3", "GetObject")] - heads_gets,
         "heads_gets": heads_gets,
-        "bytes": sum(x["bytes"] for x in stats),
+        "bytes": restored,
         "segments": sum(x["segments"] for x in stats),
         "from_snapshot": sum(x["snapshot_version"] is not None for x in stats),
         "restored": len(stats),
@@ -97,6 +92,7 @@ def restore_once(loc: AppLocation, slices: int, root: Path) -> dict[str, Any]:
 def group_restore(
     tmp: Path,
     frame: Frame,
+    restore_all: RestoreAll,
     slices: int = 128,
     batches: int = 40,
     keys: int = 40,
@@ -113,7 +109,7 @@ def group_restore(
             restore_transfers.coalesce = original if arm == "coalesced" else one_by_one
             root = tmp / f"group-restore-{arm}-{rep}"
             try:
-                runs[arm].append(restore_once(loc, slices, root))
+                runs[arm].append(restore_once(loc, slices, root, restore_all))
             finally:
                 restore_transfers.coalesce = original
                 shutil.rmtree(root, ignore_errors=True)

@@ -54,8 +54,8 @@ def coalesce(
     for i, s in enumerate(sections):
         if s is not None:
             by_key.setdefault(s[0], []).append(i)
-    runs: list[list[int]] = []
-    for members in by_key.values():
+    runs: list[tuple[list[int], Span]] = []
+    for key, members in by_key.items():
         members.sort(key=lambda i: sections[i][1])  # type: ignore[index]
         run: list[int] = []
         start = end = 0
@@ -66,20 +66,13 @@ def coalesce(
                 end = max(end, offset + length)
                 continue
             if len(run) > 1:
-                runs.append(run)
+                runs.append((run, Span(key, start, end)))
             run, start, end = [i], offset, offset + length
         if len(run) > 1:
-            runs.append(run)
+            runs.append((run, Span(key, start, end)))
     out: list[Span | None] = [None] * len(sections)
     spent = 0
-    for run in sorted(runs, key=min):
-        first = [sections[i] for i in run]
-        key = first[0][0]  # type: ignore[index]
-        span = Span(
-            key,
-            min(s[1] for s in first),  # type: ignore[index]
-            max(s[1] + s[2] for s in first),  # type: ignore[index]
-        )
+    for run, span in sorted(runs, key=lambda r: min(r[0])):
         if spent + span.length > budget:
             continue
         spent += span.length

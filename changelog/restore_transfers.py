@@ -314,6 +314,7 @@ class TailSections:
         self.transfers = transfers  # where sections the host does not keep are fetched
         self.order: list[tuple[RestoreWork, LogEntry]] = []
         self.spans: list[Span | None] = []  # each section's span, in `order`
+        self.local: list[bool] = []  # each section's segment in the host's cache (`plan`)
         self.users: dict[Span, int] = {}  # sections of each span not taken or dropped yet
         self.fetched: dict[Span, Future[bytes]] = {}
         self.next = 0  # the first section not requested yet
@@ -325,10 +326,11 @@ class TailSections:
     def plan(self, order: list[tuple[RestoreWork, LogEntry]]) -> None:
         durable = self.durable
         self.order = order
+        self.local = [durable.cached(e) for _, e in order]
         self.spans = coalesce(
             [
-                None if durable.cached(e) else (e.key(durable.loc), e.offset, e.length)
-                for _, e in order
+                None if here else (e.key(durable.loc), e.offset, e.length)
+                for (_, e), here in zip(order, self.local, strict=True)
             ]
         )
         self.users = {}
@@ -346,7 +348,8 @@ class TailSections:
 
     def _request_next(self) -> None:
         w, entry = self.order[self.next]
-        span = self.spans[self.next] if self.spans else None
+        span = self.spans[self.next]
+        local = self.local[self.next]
         self.next += 1
         if id(w) in self.dropped:
             if span is not None:
@@ -362,7 +365,7 @@ class TailSections:
                 self.held += span.length
             self.ahead[(id(w), entry.version)] = (found, 0, span)
             return
-        if durable.cached(entry):
+        if local:  # `read_changes` reads S3 if the host has let it go since
             future = file_pool().submit(durable.read_changes, w.job.slice, entry)
         else:
             future = self.transfers.fetch(

@@ -126,7 +126,9 @@ def test_the_group_restore_counts_every_get_of_both_arms(aws, tmp_path):  # noqa
     its GETs are at least the sections applied, and the coalesced arm reads fewer."""
     from bench import restore_group
 
-    out = restore_group.group_restore(tmp_path, restore.frame, slices=8, batches=6, reps=2)
+    out = restore_group.group_restore(
+        tmp_path, restore.frame, restore.restore_all, slices=8, batches=6, reps=2
+    )
     assert out["group_restore_slices"] == 8
     assert out["group_restore_segments_applied"] >= 8 * 5  # every batch after a snapshot
     one_by_one = out["group_restore_gets_one_by_one"]
@@ -134,7 +136,6 @@ def test_the_group_restore_counts_every_get_of_both_arms(aws, tmp_path):  # noqa
     # one GET per segment (6) and a manifest and file per snapshot, at most
     assert 0 < out["group_restore_gets_coalesced"] <= 6 + 2 * 8 < one_by_one
     assert len(out["group_restore_coalesced_runs_s"]) == 2
-    assert out["group_restore_speedup"] > 0
 
 
 @pytest.mark.parametrize("value_bytes", [64, 700_000])  # small files in spans; large alone
