@@ -8,7 +8,8 @@ few dozen keys, a handler whose per-key state lists the record ids it saw and th
 that fired) and a random sequence of steps (seeded by seed and run) that drive the real
 runtime, driver and tools in this process against moto server over HTTP: task attempts
 (normal, re-run, crashed after the segment PUT / the DynamoDB commit / the local apply,
-speculative twins, zombies that resume later), wiped and moved worker directories, the
+speculative twins, zombies that resume later), groups left out of a batch as Spark leaves
+out idle ones, read batches that commit nothing, wiped and moved worker directories, the
 driver's progress records, new queries with COMMITTED and another group count, rollback
 (to a recorded batch, and to one without a record), gc while queries run, and `state
 restore` at an accepted batch. After every step the state rebuilt from S3 and DynamoDB
@@ -39,6 +40,7 @@ from bench.protocol_model import Step, Violation, World
 # Step kinds and their weights; `--kinds`/`--without` pick a mix.
 WEIGHTS = {
     "run": 40,
+    "idle": 8,
     "crash": 10,
     "twin": 4,
     "zombie": 3,
@@ -91,7 +93,7 @@ def choose(rng: random.Random, world: World, settings: Settings) -> Step:
     kinds = [k for k in kinds if k != "zombie" or world.zombie is None]
     kinds = [k for k in kinds if k != "resume" or world.zombie is not None]
     if not live:
-        kinds = [k for k in kinds if k not in ("run", "crash", "twin", "zombie", "record")]
+        kinds = [k for k in kinds if k not in ("run", "idle", "crash", "twin", "zombie", "record")]
     if not kinds:
         return ["start", rng.randint(2, 4)]
     kind = rng.choices(kinds, [WEIGHTS[k] for k in kinds])[0]
@@ -102,6 +104,9 @@ def choose(rng: random.Random, world: World, settings: Settings) -> Step:
     free = [x for x in range(spec.workers) if not world.busy(x)]
     w = rng.choice(free)
     other = rng.choice([x for x in free if x != w] or [w])
+    if kind == "idle":
+        idle = [x for x in todo if world.idle(q, x)]
+        return ["idle", qi, rng.choice(idle)] if idle else ["run", qi, g, w]
     if kind == "run":
         return ["run", qi, g, w]
     if kind == "crash":
@@ -147,7 +152,9 @@ def run_once(
 ) -> RunResult:
     """One run: the given steps (a replay), or random ones; then the clean finish."""
     started = time.perf_counter()
-    inputs = make_input(random.Random(f"input:{seed}:{run}"), settings.spec)
+    inputs = make_input(
+        random.Random(f"input:{seed}:{run}"), settings.spec, random.Random(f"peeks:{seed}:{run}")
+    )
     rng = random.Random(f"steps:{seed}:{run}")
     with tempfile.TemporaryDirectory(prefix="protocol-", dir=root) as tmp:
         world = World(settings.spec, inputs, Path(tmp))

@@ -4,6 +4,9 @@ oracle's fold.
 Per key the handler keeps the ids of the records it saw (so loss and double counting are
 visible) and the timers that fired; it emits one output per record (the key's count after
 it) and one per timer. Some records set a processing-time timer one or two batches ahead.
+In read batches every record only peeks: it emits its key's count and changes nothing, so
+a group's part of the batch commits nothing, and only the heads it read stand between it
+and stale state.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class Spec:
     keep_snapshots: int = 2
     commit_format: str = "chains"  # or "heads" (docs/design/group-commits.md)
     chain_length: int = 3  # chains roll over within a run
+    peeks: float = 0.25  # the share of read batches: their records only peek
 
 
 @dataclass(frozen=True)
@@ -44,18 +48,30 @@ class Rec:
     id: int
     key: str
     timer: int | None  # the processing-time timer the record sets, if any
+    peek: bool = False  # reads its key's count, writes nothing
 
 
-def make_input(rng: random.Random, spec: Spec) -> list[list[Rec]]:
-    """Input batches: record ids in stream order, a few keys, a timer on some records."""
+def make_input(
+    rng: random.Random, spec: Spec, peeks: random.Random | None = None
+) -> list[list[Rec]]:
+    """Input batches: record ids in stream order, a few keys, a timer on some records; and
+    with `peeks` (drawn apart, so keys and ids are what `rng` always made) a share
+    `spec.peeks` of read batches, whose records only peek (and set no timer) at keys the
+    batch before wrote: a group's part of one commits nothing, and what it emits differs
+    if it reads state from before that batch."""
     out, rid = [], 0
     for b in range(spec.batches):
         batch = []
+        written = [r.key for r in out[-1] if not r.peek] if out else []
+        read = peeks is not None and bool(written) and peeks.random() < spec.peeks
         for _ in range(rng.randint(1, spec.per_batch)):
             ts = None
-            if spec.timers and rid % 3 == 0:
+            if spec.timers and rid % 3 == 0 and not read:
                 ts = now_of(b) + (1 + rid % 2) * STEP_MS - 500 + rid % 500
-            batch.append(Rec(rid, f"k{rng.randrange(spec.keys)}", ts))
+            key = f"k{rng.randrange(spec.keys)}"
+            if read:
+                key = written[peeks.randrange(len(written))]  # type: ignore[union-attr]
+            batch.append(Rec(rid, key, ts, read))
             rid += 1
         out.append(batch)
     return out
@@ -69,6 +85,9 @@ def now_of(index: int) -> int:
 def process(event: Any, ctx: Any) -> None:
     rec = json.loads(event.data)
     st = ctx.state.get(None) or {"ids": [], "fired": []}
+    if rec.get("peek"):
+        ctx.emit({"id": rec["id"], "n": len(st["ids"])})
+        return
     st["ids"].append(rec["id"])
     ctx.state.set(st)
     if rec["t"] is not None:
@@ -119,7 +138,7 @@ def frame(
                 "partition_key": r.key,
                 "explicit_hash_key": None,
                 "arrival": datetime(2026, 1, 1, tzinfo=UTC),
-                "data": json.dumps({"id": r.id, "t": r.timer}).encode(),
+                "data": json.dumps({"id": r.id, "t": r.timer, "peek": r.peek}).encode(),
                 "slice": s,
                 "stream_order": "0000" + seq.rjust(64, "0") + "0" * 10,
             }
@@ -139,6 +158,7 @@ class Fold:
         """Fold one batch; return each record's output (its key's count after it)."""
         out = {}
         for r in records:
-            self.ids.setdefault(r.key, []).append(r.id)
-            out[r.id] = len(self.ids[r.key])
+            if not r.peek:
+                self.ids.setdefault(r.key, []).append(r.id)
+            out[r.id] = len(self.ids.get(r.key, ()))
         return out

@@ -240,6 +240,25 @@ class World:
         self.settle(q, g, outs, pending)
         return "ok" if crash is None else "ok (nothing to commit: no crash point reached)"
 
+    def idle(self, q: Query, g: int) -> bool:
+        """Whether Spark would leave group g out of q's current batch: no records for it,
+        no timer pending, no slice of it to wake."""
+        only = group_slices(g, self.spec.slices, q.groups)
+        woken = q.woken if q.batch == 0 else ()
+        return (
+            not q.pending.get(g)
+            and frame(self.input[q.cursor], self.spec.slices, only, woken) is None
+        )
+
+    def do_idle(self, qi: int, g: int) -> str:
+        """Spark does not call an idle group: the batch is done for it with no outputs, and
+        the worker that ran it last learns nothing of the batch."""
+        q = self.live(qi)
+        if q is None or g >= q.groups or g in q.done or not self.idle(q, g):
+            return "skip"
+        q.done[g] = ([], {})
+        return "ok"
+
     def do_twin(self, qi: int, g: int, w1: int, w2: int) -> str:
         """A speculative copy: w2's attempt runs whole while w1's waits at its commit."""
         q = self.live(qi)
