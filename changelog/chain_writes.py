@@ -96,6 +96,33 @@ def find_tip(loc: AppLocation, genesis: Genesis) -> ChainTip:
     return ChainTip(genesis, link.position, link)
 
 
+def still_tip(loc: AppLocation, tip: ChainTip) -> bool:
+    """Whether the chain still ends at `tip`: the link at its position is the one `tip`
+    holds (none, for a tip before the first link) and nothing is after it. One consistent
+    Query of at most two items."""
+    if tip.position and (tip.last is None or tip.last.sealed):
+        return False
+    out = aws.client("dynamodb").query(
+        TableName=loc.table,
+        KeyConditionExpression="pk = :pk AND sk BETWEEN :lo AND :hi",
+        ExpressionAttributeValues={
+            ":pk": {"S": chain_pk(tip.chain)},
+            ":lo": {"S": position_sk(max(tip.position, 1))},
+            ":hi": {"S": "9" * len(position_sk(0))},
+        },
+        Limit=2,
+        ConsistentRead=True,
+    )
+    found = [link_from_item(item, tip.genesis.range) for item in out["Items"]]
+    if not tip.position:
+        return not found
+    return len(found) == 1 and (found[0].position, found[0].uid, found[0].sealed) == (
+        tip.position,
+        tip.last.uid,
+        False,  # type: ignore[union-attr]
+    )
+
+
 def read_link(loc: AppLocation, genesis: Genesis, position: int) -> Link | None:
     out = aws.client("dynamodb").get_item(
         TableName=loc.table,

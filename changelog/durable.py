@@ -150,22 +150,26 @@ class DurableState:
         return aws.client("dynamodb", validated=False)
 
     def heads(self, slices: list[int]) -> dict[int, Head]:
-        """Committed heads of `slices` (absent when a slice was never committed): one
-        BatchGetItem per 100 slices, sent together (up to `READ_THREADS`); a head that
-        names a group chain comes back extended through it (`chain_reads`)."""
+        """Committed heads of `slices` (absent when a slice was never committed); a head
+        that names a group chain comes back extended through it (`chain_reads`)."""
+        return resolve_heads(self.loc, self.head_items(slices))
+
+    def head_items(self, slices: list[int]) -> dict[int, Head]:
+        """The head items of `slices` as stored, not extended through their chains: one
+        BatchGetItem per 100 slices, sent together (up to `READ_THREADS`)."""
         chunks = [slices[i : i + _HEADS_PER_READ] for i in range(0, len(slices), _HEADS_PER_READ)]
         found: dict[int, Head] = {}
         if len(chunks) <= 1 or READ_THREADS <= 1:
             for chunk in chunks:
                 found.update(self._read_heads(chunk))
-            return resolve_heads(self.loc, found)
+            return found
         with ThreadPoolExecutor(
             min(len(chunks), READ_THREADS), thread_name_prefix="shardless-heads"
         ) as pool:
             futures = [pool.submit(self._read_heads, chunk) for chunk in chunks]
         for future in futures:  # every read has ended; the first failure is raised
             found.update(future.result())
-        return resolve_heads(self.loc, found)
+        return found
 
     def _read_heads(self, slices: list[int]) -> dict[int, Head]:
         """One BatchGetItem of up to 100 heads, asking again for what it leaves unprocessed."""

@@ -38,7 +38,13 @@ from shardless.processor.api.handlers import HandlerFactory, handler_for
 from shardless.processor.errors import ProcessorError
 from shardless.processor.runtime.config import Pending, RuntimeConfig
 from shardless.processor.runtime.dead_letter import DeadLetter, target
-from shardless.processor.runtime.group_chain import adopt, find_chain, join, roll_over
+from shardless.processor.runtime.group_chain import (
+    adopt,
+    find_chain,
+    join,
+    roll_over,
+    unchanged_since,
+)
 from shardless.processor.runtime.grouping import slices_of_key
 from shardless.processor.runtime.records import GroupInput
 from shardless.processor.runtime.slice_runner import run_slice
@@ -134,8 +140,10 @@ class Attempt:
         """The slices' heads: remembered from this host's previous batch of the group when
         it can be trusted, the rest read from DynamoDB; and each slice's starting version."""
         slices = self.slices
+        if trust_known and self.cfg.commit_format == "chains":
+            self.vouch_idle()
         known = (
-            self.cache.known_heads(self.group, self.query, self.batch, slices)
+            self.cache.known.heads(self.group, self.query, self.batch, slices)
             if trust_known
             else {}
         )
@@ -148,9 +156,22 @@ class Attempt:
         ]
         self._lap("heads")
 
+    def vouch_idle(self) -> None:
+        """A group back on the host that ran it last after batches Spark did not call it in
+        (no records, no timer due): what the host knew then is current if DynamoDB shows
+        nothing committed to its slices since (`unchanged_since`), which costs two reads
+        where reading the heads through the chain costs a Query and a GET per link."""
+        found = self.cache.known.last(self.group, self.query)
+        if found is None or not 0 <= found[0] < self.batch - 1:
+            return
+        _, tip, heads = found
+        if unchanged_since(self.durable, tip, heads):
+            self.cache.known.vouch(self.group, self.query, self.batch, tip, heads)
+            self.metrics["heads_vouched"] = len(heads)
+
     def join_chain(self, trust_known: bool) -> None:
         """The group's chain (`group_chain`), and the batch's slices taken over into it."""
-        tip = self.cache.known_tip(self.group, self.query, self.batch) if trust_known else None
+        tip = self.cache.known.tip(self.group, self.query, self.batch) if trust_known else None
         remembered = tip is not None
         if tip is None:
             tip = find_chain(self.durable, self.cfg, self.group, self.query, self.heads)
@@ -338,7 +359,8 @@ class Attempt:
         """The heads after this batch, for this host's next batch of the group."""
         heads = {s: self.done.heads.get(s, self.stores[s][1]) for s in self.slices}
         if self.tip is not None:  # first: the hint `remember` writes carries it too
-            self.cache.remember_tip(self.group, self.query, self.batch, self.done.tip or self.tip)
+            tip = self.done.tip or self.tip
+            self.cache.known.remember_tip(self.group, self.query, self.batch, tip)
         self.cache.remember(self.group, self.query, self.batch, heads)
         self._lap("remember")
 

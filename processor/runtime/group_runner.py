@@ -8,7 +8,7 @@ transaction per 100 slices) and only then locally. Outputs are yielded after the
 commit, so nothing is released that a restore could not reproduce.
 
 Heads come from what this host already knows when it ran the group the batch before
-(`StoreCache.known_heads`), else from DynamoDB. The commit is conditional on exactly those
+(`KnownHeads.heads`), else from DynamoDB. The commit is conditional on exactly those
 heads; if one was stale the run starts again once, from heads read afresh.
 
 Each group's metrics row says where its time went (`timings`, seconds). With the
@@ -154,7 +154,7 @@ class GroupRunner:
             try:
                 rows, metrics, pending_out = Attempt(*args, cache, durable, took).run()
             except StaleHeads:
-                cache.forget(group)
+                cache.known.forget(group)
                 took = {k: v for k, v in took.items() if k in ("input", "prepare", "called_at")}
                 attempt = Attempt(*args, cache, durable, took)
                 try:
@@ -163,7 +163,7 @@ class GroupRunner:
                     raise conflict(again) from None
                 metrics["attempts"] = 2
         except BaseException:
-            cache.forget(group)
+            cache.known.forget(group)
             raise
         metrics["seconds"] = time.perf_counter() - started
         metrics["pid"] = os.getpid()

@@ -1,5 +1,4 @@
-"""The slice stores a Python worker keeps open between batches, and the slice heads it
-knows without asking DynamoDB.
+"""The slice stores a Python worker keeps open between batches.
 
 Spark may run a slice in any Python worker of any executor from one batch to the next,
 and RocksDB allows one open handle per store. Each worker therefore keeps its own store
@@ -7,15 +6,10 @@ directory per slice (`<base>/<app>/w<pid>/slice-<n>`), brings it to the committe
 before use (catching up from the changelog when another worker moved the slice on), and
 adopts the directories of workers that have died instead of restoring from scratch.
 
-Heads: Spark runs each partition (a group of slices) once per batch, so the worker that
-ran a group in batch b-1 knows every head of its slices as they stand when batch b starts:
-its own commits and the heads it read. It keeps them in memory, and in a hint file per
-group on the host (`<base>/<app>/hints/g<group>.msgpack`) for another worker process of
-the host that gets the group next. Commits are conditional on the exact head they start
-from, so a head that is stale anyway (a zombie, a speculative attempt, a tool) costs a
-conflict and a run with heads read afresh, never a wrong commit. Committed segments are
-kept on the host too (`<base>/<app>/segments/`): catching up a slice that another worker
-of the host moved on reads local files, not S3.
+The heads a worker knows without asking DynamoDB are its `known`
+(`shardless.processor.runtime.known_heads`). Committed segments are kept on the host
+(`<base>/<app>/segments/`): catching up a slice that another worker of the host moved on
+reads local files, not S3.
 
 Open stores cost file descriptors (a RocksDB store holds six, and one per SST file), so a
 process that runs many slices (4,096 slices on a few cores) keeps at most
@@ -33,17 +27,13 @@ import resource
 import uuid
 import weakref
 from collections.abc import Iterable
-from dataclasses import replace
 from pathlib import Path
 
-import msgpack
-
-from shardless.changelog.chain import genesis_from_item, genesis_item, link_from_item, link_item
-from shardless.changelog.chain_writes import ChainTip
 from shardless.changelog.durable import DurableState, owner_name
-from shardless.changelog.layout import Head, decode_log, encode_log, head_from_item, head_item
+from shardless.changelog.layout import Head
 from shardless.changelog.restore import identity, plan, restore, restore_many
 from shardless.changelog.restore_jobs import Progress, RestoreJob, RestoreStats
+from shardless.processor.runtime.known_heads import KnownHeads
 from shardless.processor.runtime.local_dirs import private_dir
 from shardless.processor.runtime.process import pid_alive
 from shardless.state.errors import CorruptStoreError
@@ -81,13 +71,9 @@ class StoreCache:
         self.max_open = max_open or open_store_limit()
         _live.add(self)
         self._epochs: dict[int, int] = {}
-        # slice -> (its head, and the query and batch after which it was current)
-        self._heads: dict[int, tuple[Head | None, str, int]] = {}
-        self._groups: dict[int, set[int]] = {}  # group -> the slices seen in it
-        self._tips: dict[int, tuple[ChainTip, str, int]] = {}  # group -> its chain, query, batch
+        self.known = KnownHeads(self.root / "hints", self.pid)
         self.owner = f"{owner_name()}:{uuid.uuid4().hex[:8]}"
         self.segments = self.root / "segments"
-        self._hints = self.root / "hints"
 
     def _path(self, slice_id: int, owner: Path | None = None) -> Path:
         return (owner or self.own) / f"slice-{slice_id:05d}"
@@ -172,72 +158,13 @@ class StoreCache:
             and (self._epochs.get(slice_id) == head.epoch)
         )
 
-    def known_heads(
-        self, group: int, query: str, batch: int, slices: Iterable[int]
-    ) -> dict[int, Head | None]:
-        """The heads of `slices` (None: never written) current when `batch` of `query`
-        starts, as far as this host knows without DynamoDB: this process's own, or those
-        in the group's hint file, when current after the batch before (or after this one:
-        Spark runs it again). Slices left out must be read."""
-        fresh = ((query, batch - 1), (query, batch))
-        hint = self._read_hint(group)
-        if hint is not None and (hint[0], hint[1]) in fresh:
-            tip = hint[3]
-            mine_tip = self._tips.get(group)
-            if tip is not None and (
-                mine_tip is None or mine_tip[2] < hint[1] or (mine_tip[1], mine_tip[2]) not in fresh
-            ):
-                self._tips[group] = (tip, hint[0], hint[1])  # fmt: skip
-            for s, head in hint[2].items():
-                mine = self._heads.get(s)
-                if mine is None or (mine[1], mine[2]) not in fresh or mine[2] < hint[1]:
-                    self._heads[s] = (head, hint[0], hint[1])
-            self._groups.setdefault(group, set()).update(hint[2])
-        out: dict[int, Head | None] = {}
-        for s in slices:
-            found = self._heads.get(s)
-            if found is not None and (found[1], found[2]) in fresh:
-                out[s] = found[0]
-        return out
-
     def remember(self, group: int, query: str, batch: int, heads: dict[int, Head | None]) -> None:
-        """After `batch` of `group` committed: `heads` (those it used or wrote) are current,
-        and so are the group's other slices that were current after the batch before
-        (nobody else ran the group in between). Written to the group's hint file too."""
+        """After `batch` of `group` committed: the epochs of the slices this process owns,
+        and what it knows of the group's heads (`KnownHeads.remember`)."""
         for s, head in heads.items():
             if head is not None and head.owner == self.owner:
                 self._epochs[s] = head.epoch
-        seen = self._groups.setdefault(group, set())
-        seen.update(heads)
-        current: dict[int, Head | None] = {}
-        for s in seen:
-            found = self._heads.get(s)
-            if s in heads:
-                current[s] = heads[s]
-            elif found is not None and (found[1], found[2]) in ((query, batch - 1), (query, batch)):
-                current[s] = found[0]
-        for s, head in current.items():
-            self._heads[s] = (head, query, batch)
-        self._write_hint(group, query, batch, current)
-
-    def known_tip(self, group: int, query: str, batch: int) -> ChainTip | None:
-        """The group's chain as this process left it after the batch before (or this one:
-        Spark runs it again); None: find it through the heads."""
-        found = self._tips.get(group)
-        if found is not None and (found[1], found[2]) in ((query, batch - 1), (query, batch)):
-            return found[0]
-        return None
-
-    def remember_tip(self, group: int, query: str, batch: int, tip: ChainTip) -> None:
-        self._tips[group] = (tip, query, batch)
-
-    def forget(self, group: int) -> None:
-        """A run of `group` failed, perhaps half-committed: read its heads afresh next time."""
-        self._tips.pop(group, None)
-        for s in self._groups.get(group, ()):
-            self._heads.pop(s, None)
-        with contextlib.suppress(OSError):
-            (self._hints / f"g{group}.msgpack").unlink()
+        self.known.remember(group, query, batch, heads)
 
     def close(self) -> None:
         """Close every open store (their files stay: the next cache for the application
@@ -246,43 +173,7 @@ class StoreCache:
             store.close()
         self._open.clear()
         self._epochs.clear()
-        self._tips.clear()
-        self._heads.clear()
-        self._groups.clear()
-
-    def _write_hint(
-        self, group: int, query: str, batch: int, heads: dict[int, Head | None]
-    ) -> None:
-        # a head read through its chain: its log as read, beside the stored one it is
-        # conditional on (`head_item` writes the stored one); other heads hold one log
-        items = {s: _hint_item(h) for s, h in heads.items()}
-        tip = self._tips.get(group)
-        chain = (
-            _tip_item(tip[0]) if tip is not None and (tip[1], tip[2]) == (query, batch) else None
-        )
-        body = msgpack.packb([query, batch, items, chain], use_bin_type=True)
-        try:
-            self._hints.mkdir(parents=True, exist_ok=True)
-            tmp = self._hints / f".g{group}.{self.pid}.tmp"
-            tmp.write_bytes(body)
-            os.replace(tmp, self._hints / f"g{group}.msgpack")
-        except OSError as exc:
-            log.debug("group %s: no hint written: %s", group, exc)
-
-    def _read_hint(
-        self, group: int
-    ) -> tuple[str, int, dict[int, Head | None], ChainTip | None] | None:
-        try:
-            raw = (self._hints / f"g{group}.msgpack").read_bytes()
-            query, batch, items, *rest = msgpack.unpackb(raw, raw=False, strict_map_key=False)
-            heads = {int(s): _hint_head(i) for s, i in items.items()}
-            tip = _tip_from_item(rest[0]) if rest and rest[0] is not None else None
-        except FileNotFoundError:
-            return None
-        except Exception as exc:  # noqa: BLE001 - a damaged hint only costs a read
-            log.warning("group %s: ignoring unreadable hint: %s", group, exc)
-            return None
-        return str(query), int(batch), heads, tip
+        self.known.clear()
 
     def _local(
         self, slice_id: int, head: Head | None, target: int, owned: bool
@@ -431,30 +322,3 @@ def close_caches(base: str | None = None) -> int:
             closed += len(cache._open)
             cache.close()
     return closed
-
-
-def _hint_item(head: Head | None) -> dict | list | None:
-    if head is None:
-        return None
-    return [head_item(head), encode_log(head.log)] if head.chain else head_item(head)
-
-
-def _hint_head(item: dict | list | None) -> Head | None:
-    if item is None:
-        return None
-    if isinstance(item, list):
-        return replace(head_from_item(item[0]), log=decode_log(item[1]))
-    return head_from_item(item)
-
-
-def _tip_item(tip: ChainTip) -> list:
-    """A group's chain tip as the hint keeps it, for the host's other workers."""
-    within = tip.genesis.range
-    last = None if tip.last is None else link_item(tip.chain, tip.last, within)
-    return [genesis_item(tip.genesis), tip.position, last]
-
-
-def _tip_from_item(item: list) -> ChainTip:
-    genesis = genesis_from_item(item[0])
-    last = None if item[2] is None else link_from_item(item[2], genesis.range)
-    return ChainTip(genesis, int(item[1]), last)
