@@ -228,6 +228,12 @@ def main(argv: list[str] | None = None) -> int:
         default="chains",
         help="how the runtime commits (docs/design/group-commits.md)",
     )
+    parser.add_argument(
+        "--chain-length",
+        type=int,
+        default=Spec().chain_length,
+        help="positions before a chain rolls over (a roll-over reads every head again)",
+    )
     parser.add_argument("--kinds", help=f"comma-separated step kinds (default all: {KINDS})")
     parser.add_argument("--without", help="comma-separated step kinds to leave out")
     parser.add_argument("--ci", action="store_true", help="the CI slice's mix (CI_KINDS)")
@@ -249,7 +255,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown step kinds {sorted(unknown)}; known: {KINDS}")
     settings = Settings(
         replace(
-            Spec(), slices=args.slices, timers=not args.no_timers, commit_format=args.commit_format
+            Spec(),
+            slices=args.slices,
+            timers=not args.no_timers,
+            commit_format=args.commit_format,
+            chain_length=args.chain_length,
         ),
         args.max_steps,
         kinds,

@@ -87,6 +87,21 @@ def test_the_oracle_catches_an_unconditional_commit(aws, monkeypatch):
     assert found is not None, "the zombie's stale commit went unnoticed"
 
 
+def test_the_oracle_catches_heads_trusted_across_a_gap_unchecked(aws, monkeypatch):
+    """A worker that trusts what it knew after an older batch without asking DynamoDB
+    (another worker ran the group in the batch between) emits a read batch's counts from
+    stale state: the batch commits nothing, so no conditional write stops it. No timers
+    and long chains: a due timer's write or a roll-over would read the heads again."""
+    s = Settings(spec=Spec(timers=False, chain_length=50), max_steps=30, kinds=protocol.KINDS)
+    steps = [["start", 2], ["run", 0, 0, 0], ["run", 0, 1, 0], ["record", 0],
+             ["run", 0, 0, 1], ["run", 0, 1, 1], ["record", 0],
+             ["run", 0, 0, 0], ["run", 0, 1, 0], ["record", 0]]  # fmt: skip
+    assert run_once(1, 8, s, steps).violation is None  # input 2 is a read batch
+    monkeypatch.setattr(attempt, "unchanged_since", lambda *args, **kw: True)
+    found = run_once(1, 8, s, steps).violation
+    assert found is not None and found.invariant == "outputs", found
+
+
 @pytest.mark.parametrize(
     "seed, run, steps",
     [
