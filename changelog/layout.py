@@ -358,6 +358,46 @@ def head_from_item(item: dict) -> Head:
     )
 
 
+@dataclass(frozen=True)
+class Claim:
+    """Who holds a slice's head, on which chain, and its log as stored (not decoded). Every
+    write of a head item changes it: a commit appends to the log, a claim or a takeover
+    raises the epoch. So a head item whose claim is the one read before was not written
+    since, and a read of claims is a read of heads without decoding their history."""
+
+    epoch: int
+    owner: str
+    claimed_ms: int
+    chain: str
+    chain_from: int
+    log_bytes: bytes | None
+
+
+# a BatchGetItem's projection of a head item onto its claim
+CLAIM_READ = {
+    "ProjectionExpression": "pk, epoch, #o, claimed, ch, #f, #l",
+    "ExpressionAttributeNames": {"#o": "owner", "#f": "from", "#l": "log"},
+}
+
+
+def claim_from_item(item: dict) -> Claim:
+    return Claim(
+        epoch=_int(item, "epoch"),
+        owner=item["owner"]["S"] if "owner" in item else "",
+        claimed_ms=_int(item, "claimed"),
+        chain=item["ch"]["S"] if "ch" in item else "",
+        chain_from=_int(item, "from"),
+        log_bytes=bytes(item["log"]["B"]) if "log" in item else None,
+    )
+
+
+def claim_of(head: Head) -> Claim:
+    """The claim of `head`'s item as it was read or written (the log as stored)."""
+    return Claim(
+        head.epoch, head.owner, head.claimed_ms, head.chain, head.chain_from, head.log_bytes
+    )
+
+
 def head_item(head: Head) -> dict[str, dict[str, Any]]:
     """The whole DynamoDB item of `head` (its log as `head.log_bytes`), for a PutItem."""
     item: dict[str, dict[str, Any]] = {

@@ -21,7 +21,7 @@ from shardless.changelog.chain_commits import take_over
 from shardless.changelog.chain_reads import read_genesis
 from shardless.changelog.chain_writes import ChainTip, create_chain, find_tip, seal, still_tip
 from shardless.changelog.durable import DurableState, SliceCommit
-from shardless.changelog.layout import Head
+from shardless.changelog.layout import Head, claim_of
 from shardless.processor.runtime.config import RuntimeConfig
 from shardless.processor.runtime.grouping import slices_of_key
 from shardless.state.transaction import Transaction
@@ -80,27 +80,18 @@ def find_chain(
 def unchanged_since(durable: DurableState, tip: ChainTip, heads: dict[int, Head | None]) -> bool:
     """Whether nothing was committed to the slices of `heads` after `tip` (what a host knew
     after the last batch it ran the group in): the chain still ends at the tip
-    (`still_tip`), and each slice's head item is as it was, absent where it was absent,
-    else the same claim on this chain with the same stored log. The protocol seals a chain
+    (`still_tip`), and each slice's head item is as it was: absent where it was absent,
+    else the same claim (`layout.Claim`) naming this chain. The protocol seals a chain
     before it writes a head that names it, so the first read would do; the second also
     catches a head item written past the protocol (by hand, or a table restored from a
     backup). Two reads, where reading the heads again through the chain costs a Query of
     the chain and a GET of each link's segment index."""
     if not still_tip(durable.loc, tip):
         return False
-    items = durable.head_items(sorted(heads))
-    return all(_same_claim(items.get(s), known, tip.chain) for s, known in heads.items())
-
-
-def _same_claim(item: Head | None, known: Head | None, chain: str) -> bool:
-    if item is None or known is None:
-        return item is None and known is None
-    return (
-        item.chain == known.chain == chain
-        and (item.epoch, item.owner, item.claimed_ms, item.chain_from)
-        == (known.epoch, known.owner, known.claimed_ms, known.chain_from)
-        and item.log_bytes == known.log_bytes
-    )
+    if any(h is not None and h.chain != tip.chain for h in heads.values()):
+        return False
+    claims = durable.claims(sorted(heads))
+    return all(claims.get(s) == (None if h is None else claim_of(h)) for s, h in heads.items())
 
 
 def roll_over(

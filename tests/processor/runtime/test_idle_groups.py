@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -16,7 +15,7 @@ from shardless.changelog import aws
 from shardless.changelog.chain import chain_pk, position_sk
 from shardless.changelog.chain_writes import ChainTip, read_link, still_tip
 from shardless.changelog.durable import DurableState
-from shardless.changelog.layout import head_item
+from shardless.changelog.layout import HEAD_SK, slice_pk
 from shardless.processor.runtime import known_heads, stores
 from tests.processor.runtime.test_runtime import (
     KEYS,
@@ -49,8 +48,8 @@ def peeks(keys: list[str], first_seq: int) -> pd.DataFrame:
     return pdf
 
 
-def chains(location, tmp_path, handler=count_or_peek):
-    return runner(location, tmp_path, handler, commit_format="chains")
+def chains(location, tmp_path, handler=count_or_peek, **kw):
+    return runner(location, tmp_path, handler, commit_format="chains", **kw)
 
 
 @pytest.fixture
@@ -128,11 +127,13 @@ def test_a_head_item_written_past_the_protocol_while_idle_is_read_afresh(locatio
     still ends where the host left it, but the head is not the one it knew."""
     r = chains(location, tmp_path)
     r.run(0, "q", 0, frame(KEYS[:200]))
-    durable = DurableState(location)
-    items = durable.head_items(list(range(SLICES)))
-    s, item = next(iter(sorted(items.items())))
-    aws.client("dynamodb").put_item(
-        TableName=location.table, Item=head_item(replace(item, owner="by-hand"))
+    written = sorted(DurableState(location).claims(list(range(SLICES))))
+    aws.client("dynamodb").update_item(
+        TableName=location.table,
+        Key={"pk": {"S": slice_pk(written[0])}, "sk": {"S": HEAD_SK}},
+        UpdateExpression="SET #o = :o",
+        ExpressionAttributeNames={"#o": "owner"},
+        ExpressionAttributeValues={":o": {"S": "by-hand"}},
     )
     back = metrics_of(r.run(0, "q", 3, frame(KEYS[200:], 200)))
     assert "heads_vouched" not in back and back["heads_read"] > 0
@@ -181,3 +182,16 @@ def test_a_hint_is_decoded_again_only_when_another_process_rewrote_it(
     assert len(decoded) == len(known) > 0  # the other process's hint, read once
     cache.known.heads(0, "q", 3, range(SLICES))
     assert len(decoded) == len(known)
+
+
+def test_heads_left_on_a_chain_the_group_rolled_over_from_are_read_afresh(location, tmp_path):
+    """After a roll-over, slices not changed since still name the sealed chain: the check
+    only vouches for heads on the group's own chain, so these are read again (and the
+    counts stay exact)."""
+    r = chains(location, tmp_path, chain_length=2)
+    r.run(0, "q", 0, frame(KEYS[:200]))
+    r.run(0, "q", 1, frame(KEYS[200:210], 200))
+    r.run(0, "q", 2, frame(KEYS[210:220], 210))  # rolls over: a new chain from here
+    back = metrics_of(r.run(0, "q", 5, peeks(sorted(set(KEYS[:220])), 220)))
+    assert "heads_vouched" not in back and back["heads_read"] > 0
+    assert durable_counts(location) == Counter(KEYS[:220])
