@@ -176,12 +176,8 @@ class DurableState:
             for chunk in chunks:
                 found.update(self._read_heads(chunk, convert, extra or {}))
             return found
-        with ThreadPoolExecutor(
-            min(len(chunks), READ_THREADS), thread_name_prefix="shardless-heads"
-        ) as pool:
-            futures = [
-                pool.submit(self._read_heads, chunk, convert, extra or {}) for chunk in chunks
-            ]
+        with ThreadPoolExecutor(min(len(chunks), READ_THREADS), "shardless-heads") as pool:
+            futures = [pool.submit(self._read_heads, c, convert, extra or {}) for c in chunks]
         for future in futures:  # every read has ended; the first failure is raised
             found.update(future.result())
         return found
