@@ -78,49 +78,42 @@ def create_chain(
 
 def find_tip(loc: AppLocation, genesis: Genesis) -> ChainTip:
     """The chain's newest position: one consistent Query, newest first, limit 1."""
-    out = aws.client("dynamodb").query(
-        TableName=loc.table,
-        KeyConditionExpression="pk = :pk AND sk BETWEEN :lo AND :hi",
-        ExpressionAttributeValues={
-            ":pk": {"S": chain_pk(genesis.chain)},
-            ":lo": {"S": position_sk(1)},
-            ":hi": {"S": "9" * len(position_sk(0))},
-        },
-        ScanIndexForward=False,
-        Limit=1,
-        ConsistentRead=True,
-    )
-    if not out["Items"]:
+    found = _links(loc, genesis, 1, limit=1, newest_first=True)
+    if not found:
         return ChainTip(genesis)
-    link = link_from_item(out["Items"][0], genesis.range)
-    return ChainTip(genesis, link.position, link)
+    return ChainTip(genesis, found[0].position, found[0])
 
 
 def still_tip(loc: AppLocation, tip: ChainTip) -> bool:
     """Whether the chain still ends at `tip`: the link at its position is the one `tip`
     holds (none, for a tip before the first link) and nothing is after it. One consistent
     Query of at most two items."""
-    if tip.position and (tip.last is None or tip.last.sealed):
+    last = tip.last
+    if tip.position and (last is None or last.sealed):
         return False
+    found = _links(loc, tip.genesis, max(tip.position, 1), limit=2)
+    if last is None:
+        return not found
+    return [(f.position, f.uid, f.sealed) for f in found] == [(tip.position, last.uid, False)]
+
+
+def _links(
+    loc: AppLocation, genesis: Genesis, start: int, limit: int, newest_first: bool = False
+) -> list[Link]:
+    """Up to `limit` links of the chain from position `start` on: one consistent Query."""
     out = aws.client("dynamodb").query(
         TableName=loc.table,
         KeyConditionExpression="pk = :pk AND sk BETWEEN :lo AND :hi",
         ExpressionAttributeValues={
-            ":pk": {"S": chain_pk(tip.chain)},
-            ":lo": {"S": position_sk(max(tip.position, 1))},
+            ":pk": {"S": chain_pk(genesis.chain)},
+            ":lo": {"S": position_sk(start)},
             ":hi": {"S": "9" * len(position_sk(0))},
         },
-        Limit=2,
+        ScanIndexForward=not newest_first,
+        Limit=limit,
         ConsistentRead=True,
     )
-    found = [link_from_item(item, tip.genesis.range) for item in out["Items"]]
-    if not tip.position:
-        return not found
-    return len(found) == 1 and (found[0].position, found[0].uid, found[0].sealed) == (
-        tip.position,
-        tip.last.uid,
-        False,  # type: ignore[union-attr]
-    )
+    return [link_from_item(item, genesis.range) for item in out["Items"]]
 
 
 def read_link(loc: AppLocation, genesis: Genesis, position: int) -> Link | None:

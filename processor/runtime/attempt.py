@@ -161,10 +161,10 @@ class Attempt:
         (no records, no timer due): what the host knew then is current if DynamoDB shows
         nothing committed to its slices since (`unchanged_since`), which costs two reads
         where reading the heads through the chain costs a Query and a GET per link."""
-        found = self.cache.known.last(self.group, self.query)
-        if found is None or not 0 <= found[0] < self.batch - 1:
+        found = self.cache.known.stale(self.group, self.query, self.batch)
+        if found is None:
             return
-        _, tip, heads = found
+        tip, heads = found
         if unchanged_since(self.durable, tip, heads):
             self.cache.known.vouch(self.group, self.query, self.batch, tip, heads)
             self.metrics["heads_vouched"] = len(heads)

@@ -86,9 +86,9 @@ def unchanged_since(durable: DurableState, tip: ChainTip, heads: dict[int, Head 
     catches a head item written past the protocol (by hand, or a table restored from a
     backup). Two reads, where reading the heads again through the chain costs a Query of
     the chain and a GET of each link's segment index."""
-    if not still_tip(durable.loc, tip):
-        return False
     if any(h is not None and h.chain != tip.chain for h in heads.values()):
+        return False
+    if not still_tip(durable.loc, tip):
         return False
     claims = durable.claims(sorted(heads))
     return all(claims.get(s) == (None if h is None else claim_of(h)) for s, h in heads.items())

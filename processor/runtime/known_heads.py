@@ -8,7 +8,7 @@ that gets the group next. Commits are conditional on the exact head they start f
 head that is stale anyway (a zombie, a speculative attempt, a tool) costs a conflict and a
 run with heads read afresh, never a wrong commit. What a worker knew after an older batch
 (the group was idle since, or ran elsewhere) is only used once DynamoDB vouches for it
-(`last`, `vouch`; `shardless.processor.runtime.group_chain.unchanged_since`).
+(`stale`, `vouch`; `shardless.processor.runtime.group_chain.unchanged_since`).
 """
 
 from __future__ import annotations
@@ -89,28 +89,29 @@ class KnownHeads:
             self._heads[s] = (head, query, batch)
         self._write_hint(group, query, batch, current)
 
-    def last(self, group: int, query: str) -> tuple[int, ChainTip, dict[int, Head | None]] | None:
+    def stale(
+        self, group: int, query: str, batch: int
+    ) -> tuple[ChainTip, dict[int, Head | None]] | None:
         """What this host knew of `group` after the last batch of `query` it ran the group in
-        (this process, or another of the host through the group's hint file): that batch,
-        the group's chain then and its slices' heads then. Not current by itself: `vouch`
-        makes it so once DynamoDB shows nothing changed since."""
-        found: tuple[int, ChainTip, dict[int, Head | None]] | None = None
+        (this process, or another of the host through the group's hint file), when that
+        batch is older than the one before `batch` (the group was idle since, or ran
+        elsewhere): the group's chain then and its slices' heads then; None otherwise, at
+        the cost of a dictionary lookup and a stat. Not current by itself: `vouch` makes it
+        so once DynamoDB shows nothing changed since."""
         mine = self._tips.get(group)
-        if mine is not None and mine[1] == query:
-            then = (query, mine[2])
-            heads = {}
-            for s in self._groups.get(group, ()):
-                entry = self._heads.get(s)
-                if entry is not None and (entry[1], entry[2]) == then:
-                    heads[s] = entry[0]
-            found = (mine[2], mine[0], heads)
+        mine_batch = mine[2] if mine is not None and mine[1] == query else -1
         hint = self._read_hint(group)
-        if hint is not None:
-            hint_query, hint_batch, hint_heads, hint_tip = hint
-            newer = found is None or hint_batch > found[0]
-            if hint_query == query and hint_tip is not None and newer:
-                found = (hint_batch, hint_tip, hint_heads)
-        return found
+        if hint is not None and hint[0] == query and hint[3] is not None and hint[1] > mine_batch:
+            return (hint[3], hint[2]) if 0 <= hint[1] < batch - 1 else None
+        if mine is None or not 0 <= mine_batch < batch - 1:
+            return None
+        then = (query, mine_batch)
+        heads = {}
+        for s in self._groups.get(group, ()):
+            entry = self._heads.get(s)
+            if entry is not None and (entry[1], entry[2]) == then:
+                heads[s] = entry[0]
+        return mine[0], heads
 
     def vouch(
         self, group: int, query: str, batch: int, tip: ChainTip, heads: dict[int, Head | None]

@@ -18,4 +18,4 @@ def test_each_arm_is_counted_on_its_own_path(aws):  # noqa: ANN001
     afresh = arms["read_afresh"]
     assert afresh["heads_read"] == 2 * 8 and afresh["s3_gets"] >= 6
     assert afresh["dynamodb_requests"] > arms["vouched"]["dynamodb_requests"]
-    assert out["read_afresh_over_vouched"] > 0 and len(arms["steady"]["seconds_each"]) == 2
+    assert len(arms["steady"]["seconds_each"]) == 2

@@ -145,7 +145,7 @@ def test_a_chain_that_lost_the_link_the_host_knew_is_read_afresh(location, tmp_p
     r = chains(location, tmp_path)
     r.run(0, "q", 0, frame(KEYS[:100]))
     r.run(0, "q", 1, frame(KEYS[100:200], 100))
-    tip = stores.cache_for(str(tmp_path), location.app, SLICES).known.last(0, "q")[1]
+    tip = stores.cache_for(str(tmp_path), location.app, SLICES).known.stale(0, "q", 4)[0]
     assert tip.position == 2
     aws.client("dynamodb").delete_item(
         TableName=location.table,
