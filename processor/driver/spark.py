@@ -12,6 +12,7 @@ from pyspark.sql import SparkSession
 from shardless.processor.driver import placement
 from shardless.processor.driver.timer_source import TimerDataSource
 from shardless.processor.kinesis.source import KinesisDataSource
+from shardless.processor.runtime import installed_pyspark
 from shardless.processor.tools.state_source import StateDataSource
 
 _FORWARDED_ENV = ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION", "SHARDLESS_")
@@ -25,6 +26,11 @@ DEFAULT_MASTER = "local[2]"
 # 0 loses nothing: at the start of every batch each group's executor is free. With more
 # groups than slots it would move queued groups every batch, so it is left alone.
 LOCALITY_WAIT = "spark.locality.wait"
+# Python workers forked by shardless's daemon import PySpark's compiled package rather
+# than compile it from Spark's zip (`installed_pyspark`). Set where executors run this
+# interpreter (local masters); elsewhere it is the deployment's to set, where shardless is
+# installed on the nodes (`docs/running-on-a-cluster.md`).
+DAEMON_MODULE = "spark.python.daemon.module"
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +64,8 @@ def session(
     slice stores stay open between batches. `groups` sets `spark.sql.shuffle.partitions`;
     0: one per task slot of the session's cluster, else 8 (`placement.choose_groups`).
     With at most one group per slot, tasks wait for no executor (`LOCALITY_WAIT` 0,
-    unless the deployment sets it).
+    unless the deployment sets it). Under a local master, Python workers import PySpark's
+    installed package (`DAEMON_MODULE`, unless the deployment sets it).
     """
     if master is None and not launched_by_spark_submit():
         master = DEFAULT_MASTER
@@ -84,6 +91,12 @@ def session(
     slots = placement.task_slots(where, settings)
     if placement.no_locality_wait(groups, slots) and not deployed.contains(LOCALITY_WAIT):
         builder = builder.config(LOCALITY_WAIT, "0")
+    if (
+        where.startswith("local")
+        and not deployed.contains(DAEMON_MODULE)
+        and installed_pyspark.daemon_importable()
+    ):
+        builder = builder.config(DAEMON_MODULE, installed_pyspark.DAEMON)
     spark = (
         builder.appName(app_name)
         .config("spark.python.worker.reuse", "true")

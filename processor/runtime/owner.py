@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from shardless.processor.errors import ConfigError, ProcessorError
+from shardless.processor.runtime import installed_pyspark
 from shardless.processor.runtime.process import no_cycle_collection, pid_alive, profiled
 
 log = logging.getLogger(__name__)
@@ -153,7 +154,7 @@ def start(local_dir: str, app: str, group: int, watch: int, idle_seconds: int) -
     logs = log_path(local_dir, app, group)
     logs.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    env["PYTHONPATH"] = installed_pyspark.child_path()  # compiled PySpark, not its zip
     with open(logs, "ab") as out:
         child = subprocess.Popen(
             [

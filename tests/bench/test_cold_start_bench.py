@@ -1,0 +1,38 @@
+"""`bench.cold_start`: each arm's workers take its path, and the bench sees which."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import cold_start
+
+
+def _result(files: list[str]) -> dict:
+    rows = [{"part": i % 2, "pid": 10 + i, "pyspark": f} for i, f in enumerate(files)]
+    jobs = [{"seconds": 1.0, "rows": rows[:2]}, {"seconds": 0.2, "rows": rows[2:]}]
+    return {"daemon": "d", "jobs": jobs}
+
+
+INSTALLED = "/venv/site-packages/pyspark/__init__.py"
+ZIPPED = "/venv/site-packages/pyspark/python/lib/pyspark.zip/pyspark/__init__.py"
+
+
+def test_a_run_whose_workers_took_the_other_path_is_refused():
+    cold_start.check("installed", _result([INSTALLED] * 4))
+    cold_start.check("zip", _result([ZIPPED] * 4))
+    with pytest.raises(RuntimeError, match="imported PySpark from"):
+        cold_start.check("installed", _result([INSTALLED] * 3 + [ZIPPED]))
+    with pytest.raises(RuntimeError, match="imported PySpark from"):
+        cold_start.check("zip", _result([ZIPPED] * 3 + [INSTALLED]))
+    with pytest.raises(RuntimeError, match="imported PySpark from"):
+        cold_start.check("zip", _result([ZIPPED] * 3))  # a task that reported nothing
+
+
+@pytest.mark.slow
+def test_each_arm_runs_on_new_executors_and_takes_its_own_path(tmp_path):
+    """One real run of each arm: both executors start a worker (two processes), the
+    check above passes on what the tasks reported, and the first job pays a cold start."""
+    for arm in cold_start.ARMS:
+        run = cold_start.run_once(arm, tmp_path)
+        assert run["workers"] == 2
+        assert run["first_s"] > run["second_s"] > 0

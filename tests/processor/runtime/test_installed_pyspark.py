@@ -1,0 +1,135 @@
+"""Python workers import PySpark's installed package, not the zips Spark puts on their path
+(`shardless.processor.runtime.installed_pyspark`): with real interpreters, real zips and
+real Spark."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from shardless.processor.runtime import installed_pyspark, owner
+
+PYSPARK = Path(installed_pyspark._installed_pyspark(sys.path) or "/nonexistent")
+LIB = PYSPARK / "python" / "lib"
+SHIPPED = sorted(str(p) for p in LIB.glob("*.zip"))
+
+pytestmark = pytest.mark.skipif(
+    len(SHIPPED) != 2, reason="needs a pip-installed PySpark, which ships its zips"
+)
+
+
+def test_only_the_zips_inside_the_installed_pyspark_are_shipped_ones(tmp_path):
+    """A zip of a Spark elsewhere (a cluster's distribution) and the standard library's zip
+    are not PySpark's shipped ones, though the first holds the same files."""
+    elsewhere = tmp_path / "spark" / "python" / "lib"
+    elsewhere.mkdir(parents=True)
+    copy = shutil.copy(SHIPPED[0], elsewhere / "pyspark.zip")
+    stdlib_zip = f"{sys.prefix}/lib/python311.zip"
+    path = [str(copy), *SHIPPED, stdlib_zip, *sys.path]
+    assert installed_pyspark.shipped_zips(path) == SHIPPED
+    # without an installed PySpark outside the zips, the zips are all there is: none goes
+    no_package = [str(copy), *SHIPPED, str(tmp_path)]
+    assert installed_pyspark.shipped_zips(no_package) == []
+
+
+def _python(code: str, pythonpath: str) -> str:
+    env = {**os.environ, "PYTHONPATH": pythonpath}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip()
+
+
+def test_a_process_started_as_spark_starts_workers_imports_the_installed_package():
+    """With Spark's PYTHONPATH (the shipped zips first), PySpark comes from the zip; after
+    `prefer_installed` it comes from the installed package, and no importer of a dropped
+    zip is left to re-read on every `importlib.invalidate_caches()` (which a new worker's
+    first task calls)."""
+    spark_path = os.pathsep.join(SHIPPED)
+    assert ".zip" in _python("import pyspark; print(pyspark.__file__)", spark_path)
+    out = _python(
+        """
+        import sys
+        from shardless.processor.runtime.installed_pyspark import prefer_installed
+        dropped = prefer_installed()
+        import pyspark
+        print(len(dropped), pyspark.__file__, any(k in sys.path_importer_cache for k in dropped))
+        """,
+        spark_path,
+    )
+    assert out == f"2 {PYSPARK / '__init__.py'} False"
+
+
+def test_an_owner_process_gets_the_path_without_the_shipped_zips(monkeypatch, tmp_path):
+    """The owner a worker starts inherits the worker's path, less the shipped zips: its
+    PYTHONPATH, read from the running process, names neither."""
+    monkeypatch.setattr(sys, "path", [*SHIPPED, *sys.path, "/somewhere/else.zip"])
+    child = owner.start(str(tmp_path), "app", 0, watch=os.getpid(), idle_seconds=5)
+    try:
+        environ = Path(f"/proc/{child.pid}/environ").read_bytes().split(b"\0")
+        key = b"PYTHONPATH="
+        (found,) = [e[len(key) :].decode() for e in environ if e.startswith(key)]
+        parts = found.split(os.pathsep)
+        assert not set(SHIPPED) & set(parts)
+        assert "/somewhere/else.zip" in parts
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_the_daemon_is_set_only_where_a_new_interpreter_can_import_it(tmp_path):
+    assert installed_pyspark.daemon_importable()
+    assert not installed_pyspark.daemon_importable("/bin/false")
+    assert not installed_pyspark.daemon_importable(str(tmp_path / "no-python"))
+
+
+def test_the_suites_python_workers_import_the_installed_pyspark(spark):
+    """Under a local master the session starts workers from shardless's daemon, and their
+    tasks find PySpark's installed package, not the zip Spark put first on their path."""
+
+    def where(_):  # noqa: ANN001, ANN202
+        import pyspark
+
+        return pyspark.__file__, [p for p in sys.path if p.endswith(".zip")]
+
+    conf = spark.sparkContext.getConf()
+    assert conf.get("spark.python.daemon.module") == installed_pyspark.DAEMON
+    found = spark.sparkContext.parallelize([0, 1], 2).map(where).collect()
+    assert {f for f, _ in found} == {str(PYSPARK / "__init__.py")}
+    assert not {z for _, zips in found for z in zips} & set(SHIPPED)
+
+
+_DEPLOYED = """\
+import pyspark
+from shardless.processor.driver.spark import session
+s = session("local[2]", groups=2, ui=False)
+where = s.sparkContext.parallelize([0], 1).map(lambda _: __import__("pyspark").__file__).first()
+print("RESULT", s.sparkContext.getConf().get("spark.python.daemon.module"), where)
+s.stop()
+"""
+
+
+@pytest.mark.slow
+def test_a_deployments_own_daemon_module_is_kept(tmp_path):
+    """`spark.python.daemon.module` in spark-defaults.conf is the deployment's: the session
+    leaves it, and the workers then import PySpark from Spark's zip as before."""
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "spark-defaults.conf").write_text("spark.python.daemon.module pyspark.daemon\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_")}
+    env.update(SPARK_CONF_DIR=str(conf), SPARK_LOCAL_IP="127.0.0.1")
+    done = subprocess.run(
+        [sys.executable, "-c", _DEPLOYED], env=env, capture_output=True, text=True, timeout=300
+    )
+    found = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("RESULT")]
+    assert done.returncode == 0 and found, done.stderr[-3000:]
+    daemon, where = found[0]
+    assert daemon == "pyspark.daemon"
+    assert where.startswith(str(LIB / "pyspark.zip"))
