@@ -218,7 +218,7 @@ class Job:
             raise RuntimeError(f"no executor under driver {self.driver.pid} to kill")
         victim = executors[0]
         tree = procs.descendants(victim.pid)
-        pythons = [p.pid for p in tree if procs.PYSPARK_DAEMON in p.cmdline]
+        pythons = [p.pid for p in tree if procs.is_python_worker(p)]
         hit = procs.kill9([victim, *tree])
         return {"pid": victim.pid, "processes": len(hit), "stores_removed": self._lose(pythons)}
 

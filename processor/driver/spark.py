@@ -94,7 +94,7 @@ def session(
     if (
         where.startswith("local")
         and not deployed.contains(DAEMON_MODULE)
-        and installed_pyspark.daemon_importable()
+        and installed_pyspark.daemon_importable(os.environ["PYSPARK_PYTHON"])
     ):
         builder = builder.config(DAEMON_MODULE, installed_pyspark.DAEMON)
     spark = (

@@ -15,6 +15,7 @@ session sets it as `spark.python.daemon.module` where executors run this interpr
 
 from __future__ import annotations
 
+import functools
 import importlib.machinery
 import os
 import subprocess
@@ -60,10 +61,11 @@ def child_path() -> str:
     return os.pathsep.join(p for p in sys.path if p and p not in dropped)
 
 
+@functools.lru_cache(maxsize=8)
 def daemon_importable(python: str = sys.executable) -> bool:
     """Whether a new `python` with this process's environment can import `DAEMON` (Spark
     starts the daemon before a task's `--py-files` are on the path, so shardless must be
-    installed where the workers run)."""
+    installed where the workers run). Asked once per interpreter and process."""
     probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({DAEMON!r}) is None)"
     try:
         done = subprocess.run([python, "-c", probe], capture_output=True, timeout=60)

@@ -80,7 +80,7 @@ def _kill_executor(driver: Driver, cfg: JobConfig, rng: random.Random, outcome: 
         return
     victim = rng.choice(executors)
     tree = procs.descendants(victim.pid)
-    workers = [p.pid for p in tree if procs.PYSPARK_DAEMON in p.cmdline]
+    workers = [p.pid for p in tree if procs.is_python_worker(p)]
     batch = running_batch(Path(cfg.checkpoint))
     driver.poll()
     driver.kill_marks.append(len(driver.reports))

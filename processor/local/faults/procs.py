@@ -1,7 +1,8 @@
 """The process tree of a Spark job started as a subprocess, read from /proc.
 
 `local-cluster[n,1,mem]` runs: the Python driver → its JVM (spark-submit) → one
-`CoarseGrainedExecutorBackend` JVM per executor → one `pyspark.daemon` per executor →
+`CoarseGrainedExecutorBackend` JVM per executor → one Python worker daemon per executor
+(shardless's `worker_daemon` in front of `pyspark.daemon`, or `pyspark.daemon` itself) →
 the Python workers it forks (same command line as the daemon). Daemons put themselves in
 a process group of their own, so killing the driver's group does not reach them: every
 kill here is by pid, of a process found under the driver we started, re-checked by its
@@ -17,8 +18,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from shardless.processor.runtime import installed_pyspark
+
 EXECUTOR_MAIN = "CoarseGrainedExecutorBackend"
-PYSPARK_DAEMON = "pyspark.daemon"
+# the daemons that fork Python workers: PySpark's own, and shardless's in front of it
+WORKER_DAEMONS = ("pyspark.daemon", installed_pyspark.DAEMON)
 
 
 @dataclass(frozen=True)
@@ -80,15 +84,18 @@ def executors(driver: int) -> list[Proc]:
     return [p for p in descendants(driver) if EXECUTOR_MAIN in p.cmdline]
 
 
+def is_python_worker(proc: Proc) -> bool:
+    """A Python worker daemon, or a worker it forked (same command line)."""
+    return any(daemon in proc.cmdline for daemon in WORKER_DAEMONS)
+
+
 def python_workers(under: int) -> list[Proc]:
-    """Python workers (forked by a pyspark daemon) anywhere under `under`."""
+    """Python workers (forked by a worker daemon) anywhere under `under`."""
     procs = table()
     return [
         p
         for p in descendants(under, procs)
-        if PYSPARK_DAEMON in p.cmdline
-        and p.ppid in procs
-        and PYSPARK_DAEMON in procs[p.ppid].cmdline
+        if is_python_worker(p) and p.ppid in procs and is_python_worker(procs[p.ppid])
     ]
 
 

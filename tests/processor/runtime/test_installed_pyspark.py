@@ -133,3 +133,15 @@ def test_a_deployments_own_daemon_module_is_kept(tmp_path):
     daemon, where = found[0]
     assert daemon == "pyspark.daemon"
     assert where.startswith(str(LIB / "pyspark.zip"))
+
+
+def test_the_fault_tools_find_the_workers_shardless_daemon_forks(spark):
+    """The fault harness and `bench.latency` pick an executor's Python workers (whose
+    stores go with a killed executor) by their daemon's command line: the shardless
+    daemon's workers are found as PySpark's were."""
+    from shardless.processor.local.faults import procs
+
+    pids = set(spark.sparkContext.parallelize([0, 1], 2).map(lambda _: os.getpid()).collect())
+    found = {p.pid: p.cmdline for p in procs.python_workers(os.getpid())}
+    assert pids <= set(found)
+    assert all(installed_pyspark.DAEMON in found[pid] for pid in pids)
