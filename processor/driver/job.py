@@ -353,6 +353,26 @@ def console_sink(df: DataFrame, batch_id: int) -> None:
     df.show(20, truncate=False)
 
 
+# A batch's outputs are cached for their two reads, the metrics rows and then the sink, and
+# dropped when the batch ends. Spark compresses a cached table's columns by default, which
+# for a cache read twice within one batch costs more time than it saves memory (`held`).
+CACHE_COMPRESSED = "spark.sql.inMemoryColumnarStorage.compressed"
+
+
+def held(df: DataFrame) -> DataFrame:
+    """`df` persisted for the batch's two reads, with its columns cached uncompressed: less
+    time for a somewhat larger cache that lives one batch (`docs/benchmarks.md`, "Holding a
+    batch's outputs"). Spark reads the setting when the cache is defined, so it is changed
+    around `persist` only, and put back."""
+    conf = df.sparkSession.conf
+    before = conf.get(CACHE_COMPRESSED)
+    conf.set(CACHE_COMPRESSED, "false")
+    try:
+        return df.persist()
+    finally:
+        conf.set(CACHE_COMPRESSED, before)
+
+
 def start(
     spark: SparkSession,
     handlers: HandlerFactory,
@@ -375,7 +395,7 @@ def start(
 
     def each_batch(df: DataFrame, batch_id: int) -> None:
         recorder.begin(batch_id)  # once per driver run, before anything of it is committed
-        df = df.persist()
+        df = held(df)
         try:
             report = BatchReport(batch_id)
             for row in df.where("kind = 'metrics'").select("value").collect():
