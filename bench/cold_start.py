@@ -15,7 +15,8 @@ again, on the now warm workers. Two arms alternate run by run:
 Each task reports where it imported PySpark from, and a run whose workers did not take
 their arm's path is refused. Figures: per arm, the median of the first job's seconds, of
 the second's, and of their difference (what the cold start costs); the ratio of the
-differences, `installed` over `zip`, in the same run.
+differences, `installed` over `zip`, in the same run; and where the first job's time went
+(`parts`), from the wall-clock times the tasks take and their processes' start times.
 """
 
 from __future__ import annotations
@@ -43,23 +44,64 @@ import pandas as pd
 
 
 def probe(pdf):
+    called = time.time()
     import pyspark
     import shardless.processor.runtime.group_runner  # noqa: F401 - a group task's imports
+    imported = time.time()
+    boot = time.time() - float(open("/proc/uptime").read().split()[0])
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def began(pid):  # the process's start, wall clock (its /proc start time, in ticks)
+        fields = open(f"/proc/{{pid}}/stat").read().rsplit(")", 1)[1].split()
+        return boot + int(fields[19]) / tick
+
     return pd.DataFrame({{"part": [int(pdf.part.iloc[0])], "pid": [os.getpid()],
-                         "pyspark": [pyspark.__file__]}})
+                         "pyspark": [pyspark.__file__], "daemon_at": [began(os.getppid())],
+                         "worker_at": [began(os.getpid())], "called_at": [called],
+                         "imported_at": [imported]}})
 
 
 df = spark.range(0, 2, 1, 2).selectExpr("id as part")
+schema = ("part long, pid long, pyspark string, daemon_at double, worker_at double, "
+          "called_at double, imported_at double")
 jobs = []
 for _ in range(2):
-    t = time.perf_counter()
-    rows = df.groupBy("part").applyInPandas(probe, "part long, pid long, pyspark string").collect()
-    jobs.append((time.perf_counter() - t, [r.asDict() for r in rows]))
+    t, wall = time.perf_counter(), time.time()
+    rows = df.groupBy("part").applyInPandas(probe, schema).collect()
+    jobs.append((time.perf_counter() - t, wall, time.time(), [r.asDict() for r in rows]))
 conf = spark.sparkContext.getConf().get("spark.python.daemon.module", "pyspark.daemon")
 spark.stop()
 print("RESULT " + json.dumps({{"session_s": ready - started, "daemon": conf,
-                              "jobs": [{{"seconds": s, "rows": r}} for s, r in jobs]}}))
+                              "jobs": [{{"seconds": s, "submitted": w, "ended": e, "rows": r}}
+                                       for s, w, e, r in jobs]}}))
 """
+
+PARTS = ("to_daemon_s", "daemon_to_worker_s", "worker_to_call_s", "imports_s", "back_s")
+
+
+def parts(job: dict[str, Any]) -> dict[str, float]:
+    """Where a first job's time went, per task (medians over the executors): from its
+    submission until the executor started the Python daemon (the JVM's part), until the
+    daemon forked the worker, until the worker called the function, the function's
+    imports, and from there until the job ended."""
+    rows = job["rows"]
+
+    def median(f: Any) -> float:
+        return round(statistics.median(f(r) for r in rows), 3)
+
+    return dict(
+        zip(
+            PARTS,
+            (
+                median(lambda r: r["daemon_at"] - job["submitted"]),
+                median(lambda r: r["worker_at"] - r["daemon_at"]),
+                median(lambda r: r["called_at"] - r["worker_at"]),
+                median(lambda r: r["imported_at"] - r["called_at"]),
+                median(lambda r: job["ended"] - r["imported_at"]),
+            ),
+            strict=True,
+        )
+    )
 
 
 def run_once(arm: str, work: Path) -> dict[str, Any]:
@@ -87,6 +129,7 @@ def run_once(arm: str, work: Path) -> dict[str, Any]:
         "cold_s": first - second,
         "session_s": result["session_s"],
         "workers": len({r["pid"] for j in result["jobs"] for r in j["rows"]}),
+        "first_job": parts(result["jobs"][0]),
     }
 
 
@@ -107,6 +150,11 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         arm: {
             key: round(statistics.median(r[key] for r in rs), 3)
             for key in ("first_s", "second_s", "cold_s", "session_s")
+        }
+        | {
+            "first_job": {
+                k: round(statistics.median(r["first_job"][k] for r in rs), 3) for k in PARTS
+            }
         }
         | {"runs": len(rs)}
         for arm, rs in runs.items()

@@ -2,8 +2,8 @@
 
 Spark puts `$SPARK_HOME/python/lib/pyspark.zip` and py4j's zip at the front of the path of
 every Python process it starts. Python keeps no compiled code for modules in a zip, so each
-new worker compiles the source of every PySpark module it imports: 0.65 s against 0.13 s
-for `pyspark.worker` from the installed package, on an idle core. Where those zips are the
+new worker compiles the source of every PySpark module it imports (`docs/benchmarks.md`,
+"A new executor's first Python tasks"). Where those zips are the
 ones shipped inside the PySpark package the process would import anyway (Spark installed
 by pip), they hold the same files, and leaving them off the path changes nothing but the
 time. Zips anywhere else (a cluster's own Spark distribution) are left alone.

@@ -31,8 +31,13 @@ def test_a_run_whose_workers_took_the_other_path_is_refused():
 @pytest.mark.slow
 def test_each_arm_runs_on_new_executors_and_takes_its_own_path(tmp_path):
     """One real run of each arm: both executors start a worker (two processes), the
-    check above passes on what the tasks reported, and the first job pays a cold start."""
+    check above passes on what the tasks reported, the first job pays a cold start, and
+    its parts are seen."""
     for arm in cold_start.ARMS:
         run = cold_start.run_once(arm, tmp_path)
         assert run["workers"] == 2
         assert run["first_s"] > run["second_s"] > 0
+        # the first job's parts, from the tasks' own clocks, add up to the job
+        assert set(run["first_job"]) == set(cold_start.PARTS)
+        assert all(v > 0 for v in run["first_job"].values()), run["first_job"]
+        assert abs(sum(run["first_job"].values()) - run["first_s"]) < 0.5
