@@ -217,25 +217,28 @@ s.stop()
 """
 
 
-def _session_in_a_new_process(tmp_path, submit_master: str | None, defaults: str) -> list[str]:
-    """What `session(groups=0)` makes in a process of its own: run by Python, or by
-    spark-submit with `--master submit_master`, with `defaults` as spark-defaults.conf."""
+def session_in_a_new_process(
+    tmp_path, submit_master: str | None, defaults: str, script: str = _SESSION_SCRIPT
+) -> list[str]:
+    """What `script` (by default: what `session(groups=0)` makes) prints on its `RESULT`
+    line in a process of its own: run by Python, or by spark-submit with `--master
+    submit_master`, with `defaults` as spark-defaults.conf."""
     import os
     import subprocess
     import sys
 
     from shardless.processor.local.cluster import SPARK_HOME
 
-    script, conf_dir = tmp_path / "session.py", tmp_path / "conf"
+    script_file, conf_dir = tmp_path / "session.py", tmp_path / "conf"
     conf_dir.mkdir(parents=True)
-    script.write_text(_SESSION_SCRIPT)
+    script_file.write_text(script)
     (conf_dir / "spark-defaults.conf").write_text(defaults)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_")}
     env.update(
         SPARK_CONF_DIR=str(conf_dir), SPARK_LOCAL_IP="127.0.0.1",
         PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
     )  # fmt: skip
-    command = [sys.executable, str(script)]
+    command = [sys.executable, str(script_file)]
     if submit_master is not None:
         command = [
             str(SPARK_HOME / "bin" / "spark-submit"),
@@ -256,8 +259,8 @@ def test_the_session_reads_the_deployments_master_and_settings_before_it_starts(
     `spark.locality.wait` is the deployment's to keep. (PySpark's SparkConf sees neither
     before its JVM is up: then this read local[2] under `--master local[3]` and set the
     wait to 0 over the file's.)"""
-    assert _session_in_a_new_process(tmp_path / "a", None, "spark.locality.wait 5s\n") == [
+    assert session_in_a_new_process(tmp_path / "a", None, "spark.locality.wait 5s\n") == [
         "5s",
         "2",
     ]
-    assert _session_in_a_new_process(tmp_path / "b", "local[3]", "") == ["0", "3"]
+    assert session_in_a_new_process(tmp_path / "b", "local[3]", "") == ["0", "3"]

@@ -84,7 +84,7 @@ def test_an_owner_process_gets_the_path_without_the_shipped_zips(monkeypatch, tm
         child.wait()
 
 
-def test_the_daemon_is_set_only_where_a_new_interpreter_can_import_it(tmp_path):
+def test_the_daemon_probe_says_no_for_an_interpreter_that_cannot_import_it(tmp_path):
     assert installed_pyspark.daemon_importable()
     assert not installed_pyspark.daemon_importable("/bin/false")
     assert not installed_pyspark.daemon_importable(str(tmp_path / "no-python"))
@@ -107,7 +107,6 @@ def test_the_suites_python_workers_import_the_installed_pyspark(spark):
 
 
 _DEPLOYED = """\
-import pyspark
 from shardless.processor.driver.spark import session
 s = session("local[2]", groups=2, ui=False)
 where = s.sparkContext.parallelize([0], 1).map(lambda _: __import__("pyspark").__file__).first()
@@ -120,17 +119,10 @@ s.stop()
 def test_a_deployments_own_daemon_module_is_kept(tmp_path):
     """`spark.python.daemon.module` in spark-defaults.conf is the deployment's: the session
     leaves it, and the workers then import PySpark from Spark's zip as before."""
-    conf = tmp_path / "conf"
-    conf.mkdir()
-    (conf / "spark-defaults.conf").write_text("spark.python.daemon.module pyspark.daemon\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_")}
-    env.update(SPARK_CONF_DIR=str(conf), SPARK_LOCAL_IP="127.0.0.1")
-    done = subprocess.run(
-        [sys.executable, "-c", _DEPLOYED], env=env, capture_output=True, text=True, timeout=300
-    )
-    found = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("RESULT")]
-    assert done.returncode == 0 and found, done.stderr[-3000:]
-    daemon, where = found[0]
+    from tests.processor.driver.test_placement import session_in_a_new_process
+
+    defaults = "spark.python.daemon.module pyspark.daemon\n"
+    daemon, where = session_in_a_new_process(tmp_path, None, defaults, _DEPLOYED)
     assert daemon == "pyspark.daemon"
     assert where.startswith(str(LIB / "pyspark.zip"))
 
