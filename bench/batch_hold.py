@@ -27,7 +27,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from shardless.processor.driver.job import held
+from shardless.processor.driver.batch_reads import held
 from shardless.processor.driver.spark import session
 
 ARMS = ("held", "compressed", "one_read")

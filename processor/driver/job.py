@@ -22,6 +22,7 @@ from shardless.changelog import aws, resources
 from shardless.changelog.errors import ConfigurationError
 from shardless.processor.api.handlers import HandlerFactory
 from shardless.processor.driver import (
+    batch_reads,
     event_time,
     heartbeat,
     keys,
@@ -328,6 +329,31 @@ class BatchReport:
         """The restores that brought state (not a first look at a slice without any)."""
         return [r for r in self.restores if r["bytes"] or r["rolled_back"]]
 
+    @classmethod
+    def of(cls, batch_id: int, metrics: list[str]) -> BatchReport:
+        """The report of a batch whose groups sent `metrics` (one JSON row per group)."""
+        report = cls(batch_id)
+        for value in metrics:
+            m = json.loads(value)
+            report.records += m["records"]
+            report.outputs += m["outputs"]
+            report.committed_slices += m["committed_slices"]
+            report.segment_bytes += m["segment_bytes"]
+            report.group_seconds_max = max(report.group_seconds_max, m["seconds"])
+            report.timers_fired += m["timers_fired"]
+            report.dead_letters += m.get("dead_letters", 0)
+            report.handler_retries += m.get("handler_retries", 0)
+            report.late_records += m.get("late_records", 0)
+            report.restores += m["restores"]
+            report.group_pids[m["group"]] = m.get("pid", 0)
+            report.snapshots += m.get("snapshots", 0)
+            report.snapshot_bytes += m.get("snapshot_bytes", 0)
+            report.restored_bytes += sum(r["bytes"] for r in m["restores"])
+            report.restore_seconds_max = max(
+                [report.restore_seconds_max, *(r["seconds"] for r in m["restores"])]
+            )
+        return report
+
     def summary(self) -> dict[str, Any]:
         """The report without the per-slice restore list: one log line per batch."""
         out = {k: v for k, v in self.__dict__.items() if k != "restores"}
@@ -339,8 +365,10 @@ class BatchReport:
 
 
 def parquet_sink(path: str) -> Sink:
-    """Write each batch's outputs to `<path>/batch_id=<n>`, replacing a retried batch's files."""
+    """Write each batch's outputs to `<path>/batch_id=<n>`, replacing a retried batch's
+    files. One write reads every row, so the batch runs once, in it (`reads_once`)."""
 
+    @batch_reads.reads_once
     def write(df: DataFrame, batch_id: int) -> None:
         df.drop("batch_id").write.mode("overwrite").parquet(
             f"{path.rstrip('/')}/batch_id={batch_id}"
@@ -351,26 +379,6 @@ def parquet_sink(path: str) -> Sink:
 
 def console_sink(df: DataFrame, batch_id: int) -> None:
     df.show(20, truncate=False)
-
-
-# A batch's outputs are cached for their two reads, the metrics rows and then the sink, and
-# dropped when the batch ends. Spark compresses a cached table's columns by default, which
-# for a cache read twice within one batch costs more time than it saves memory (`held`).
-CACHE_COMPRESSED = "spark.sql.inMemoryColumnarStorage.compressed"
-
-
-def held(df: DataFrame) -> DataFrame:
-    """`df` persisted for the batch's two reads, with its columns cached uncompressed: less
-    time for a somewhat larger cache that lives one batch (`docs/benchmarks.md`, "Holding a
-    batch's outputs"). Spark reads the setting when the cache is defined, so it is changed
-    around `persist` only, and put back."""
-    conf = df.sparkSession.conf
-    before = conf.get(CACHE_COMPRESSED)
-    conf.set(CACHE_COMPRESSED, "false")
-    try:
-        return df.persist()
-    finally:
-        conf.set(CACHE_COMPRESSED, before)
 
 
 def start(
@@ -395,37 +403,16 @@ def start(
 
     def each_batch(df: DataFrame, batch_id: int) -> None:
         recorder.begin(batch_id)  # once per driver run, before anything of it is committed
-        df = held(df)
-        try:
-            report = BatchReport(batch_id)
-            for row in df.where("kind = 'metrics'").select("value").collect():
-                m = json.loads(row.value)
-                report.records += m["records"]
-                report.outputs += m["outputs"]
-                report.committed_slices += m["committed_slices"]
-                report.segment_bytes += m["segment_bytes"]
-                report.group_seconds_max = max(report.group_seconds_max, m["seconds"])
-                report.timers_fired += m["timers_fired"]
-                report.dead_letters += m.get("dead_letters", 0)
-                report.handler_retries += m.get("handler_retries", 0)
-                report.late_records += m.get("late_records", 0)
-                report.restores += m["restores"]
-                report.group_pids[m["group"]] = m.get("pid", 0)
-                report.snapshots += m.get("snapshots", 0)
-                report.snapshot_bytes += m.get("snapshot_bytes", 0)
-                report.restored_bytes += sum(r["bytes"] for r in m["restores"])
-                report.restore_seconds_max = max(
-                    [report.restore_seconds_max, *(r["seconds"] for r in m["restores"])]
-                )
-            sink(typed_outputs.shaped(df.where("kind = 'out'").drop("kind"), schema), batch_id)
-            recorder.after_sink(batch_id, report.records, report.committed_slices, report.outputs)
-            log.info("batch %s", json.dumps(report.summary()))
-            for r in report.restored:
-                log.debug("restored %s", json.dumps(r))
-            if on_report is not None:
-                on_report(report)
-        finally:
-            df.unpersist()
+        values = batch_reads.deliver(
+            df, batch_id, sink, lambda out: typed_outputs.shaped(out, schema)
+        )
+        report = BatchReport.of(batch_id, values)
+        recorder.after_sink(batch_id, report.records, report.committed_slices, report.outputs)
+        log.info("batch %s", json.dumps(report.summary()))
+        for r in report.restored:
+            log.debug("restored %s", json.dumps(r))
+        if on_report is not None:
+            on_report(report)
 
     if cfg.metrics_port:
         from shardless.processor.driver import prometheus

@@ -16,8 +16,9 @@ checkpoint, whose batch ids start at 0 again). `seq` is unique within the batch:
 batch's input (a retried batch yields the same outputs for a deterministic handler), so
 `(query, batch_id, seq)` names an output for good.
 
-The records are written from the executors (`foreachPartition`), in PutRecords calls of at
-most 500 records and 5 MiB. When Kinesis fails some entries of a call (throttling,
+The records are written from the executors (one `mapInPandas` pass per Spark partition, in
+one DataFrame action: the sink `reads_once`), in PutRecords calls of at most 500 records and
+5 MiB. When Kinesis fails some entries of a call (throttling,
 internal failures), only those are put again, after a jittered exponential backoff, up to
 `attempts` calls; then the task fails with `KinesisSinkError`, naming the stream, the batch
 and the error codes seen. Spark retries the task and, if that fails too, the batch: either
@@ -32,17 +33,19 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import boto3
+import pandas as pd
 from botocore.config import Config
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from shardless.changelog import aws
+from shardless.processor.driver import batch_reads
 from shardless.processor.errors import ConfigError, ProcessorError
 from shardless.processor.kinesis import put
 from shardless.processor.runtime.routing import key_text
@@ -117,9 +120,12 @@ def kinesis_sink(
                 "(no sql.streaming.queryId), so its records could not be told from another "
                 "query's batch of the same id: give kinesis_sink(..., query_id=...)"
             )
-        df.select(*COLUMNS).foreachPartition(partial(put_rows, cfg, query, batch_id))
+        puts = df.select(*COLUMNS).mapInPandas(
+            partial(put_frames, cfg, query, batch_id), "rows long"
+        )
+        puts.write.format("noop").mode("overwrite").save()  # a DataFrame action (`reads_once`)
 
-    return write
+    return batch_reads.reads_once(write)
 
 
 def record(query: str, batch_id: int, slice_id: int, seq: int, key: str | None, value: str) -> dict:
@@ -141,6 +147,17 @@ def record(query: str, batch_id: int, slice_id: int, seq: int, key: str | None, 
             f"record; the limit is {MAX_RECORD_BYTES}: emit smaller values"
         )
     return {"Data": data, "PartitionKey": partition_key}
+
+
+def put_frames(
+    cfg: SinkConfig, query: str, batch_id: int, frames: Iterable[pd.DataFrame]
+) -> Iterator[pd.DataFrame]:
+    """Put one Spark partition's output rows, as Arrow gives them (runs on an executor)."""
+    rows = 0
+    for frame in frames:
+        put_rows(cfg, query, batch_id, frame.to_dict("records"))
+        rows += len(frame)
+    yield pd.DataFrame({"rows": [rows]})
 
 
 def put_rows(cfg: SinkConfig, query: str, batch_id: int, rows: Iterable[Any]) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bench.batch_hold import cached_bytes, outputs
-from shardless.processor.driver.job import CACHE_COMPRESSED, held
+from shardless.processor.driver.batch_reads import CACHE_COMPRESSED, held
 
 
 def _cached(spark, persist) -> tuple[int, list]:  # noqa: ANN001

@@ -68,6 +68,37 @@ def test_every_output_lands_once_keyed_and_numbered(spark, kinesis, make_stream)
         assert (pk, data["key"], data["value"]) == (key, key, value)
 
 
+def test_the_sink_reads_its_batch_once_in_a_dataframe_action(spark, kinesis, make_stream):
+    """Marked `reads_once`, the sink's read is the batch's one run: every output lands, the
+    metrics rows come back observed, and nothing is cached."""
+    from pyspark.sql import functions as F
+
+    from shardless.processor.driver.batch_reads import deliver, is_read_once, reads_once
+
+    stream = make_stream(2)
+    df, rows = outputs(spark, 700, batch_id=3)
+    metrics = spark.createDataFrame([(0, 3, 0, None, '{"group": 0}')], SCHEMA)
+    batch = df.withColumn("kind", F.lit("out")).unionByName(
+        metrics.withColumn("kind", F.lit("metrics"))
+    )
+    sink = kinesis_sink(stream, base_delay_s=0.001, query_id="q")
+    cached: list[int] = []
+
+    @reads_once  # as the sink itself is
+    def watched(df, batch_id: int) -> None:  # noqa: ANN001
+        sink(df, batch_id)
+        cached.append(spark.sparkContext._jsc.sc().getPersistentRDDs().size())
+
+    assert is_read_once(sink)
+    assert deliver(batch, 3, watched) == ['{"group": 0}']
+    assert cached == [0]
+    got = {
+        (d["batch_id"], d["seq"]): (pk, d["key"], d["value"])
+        for pk, d in read_stream(kinesis, stream)
+    }
+    assert got == {i: (k, k, v) for i, (k, v) in expected(rows).items()}
+
+
 def test_an_output_too_big_for_a_record_is_refused_with_its_coordinates():
     with pytest.raises(KinesisSinkError, match=r"batch 3 \(key 'user-1'\) is \d+ bytes"):
         record("q", 3, 2, 5, "user-1", json.dumps("x" * (1024 * 1024)))

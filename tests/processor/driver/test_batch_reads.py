@@ -1,0 +1,148 @@
+"""How a batch reaches its sink (`shardless.processor.driver.batch_reads.deliver`): a sink
+marked `reads_once` runs the batch's groups once, in its own read, without a cache; any
+other sink gets the batch cached, whose groups ran once in full whatever the sink reads;
+a marked sink that reads nothing in a DataFrame action fails the batch, naming itself."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from shardless.processor.driver.batch_reads import SinkReadError, deliver, reads_once
+from shardless.processor.driver.foreach_batch import foreach_batch_sink
+from shardless.processor.driver.job import parquet_sink
+
+GROUPS = 3
+ROWS = 600  # output rows, over the groups
+
+
+def batch(spark, runs: Path):  # noqa: ANN001, ANN201
+    """A batch's outputs as the groups give them: each group (a partition) appends a line
+    to `runs` when it runs, then yields its output rows and its one metrics row."""
+
+    def group(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        from pyspark import TaskContext
+
+        part = TaskContext.get().partitionId()
+        ids = [int(i) for frame in frames for i in frame["id"]]
+        fd = os.open(runs, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        os.write(fd, f"{part}\n".encode())
+        os.close(fd)
+        yield pd.DataFrame(
+            {
+                "kind": ["out"] * len(ids) + ["metrics"],
+                "slice": [i % 16 for i in ids] + [0],
+                "batch_id": [7] * (len(ids) + 1),
+                "seq": ids + [0],
+                "key": [f"k{i}" for i in ids] + [None],
+                "value": [str(i) for i in ids] + [json.dumps({"group": part, "records": len(ids)})],
+            }
+        )
+
+    schema = "kind string, slice int, batch_id long, seq int, key string, value string"
+    return spark.range(0, ROWS, 1, GROUPS).repartition(GROUPS).mapInPandas(group, schema)
+
+
+def group_runs(runs: Path) -> list[int]:
+    return sorted(int(line) for line in runs.read_text().split()) if runs.exists() else []
+
+
+def cached_rdds(spark) -> int:  # noqa: ANN001
+    return spark.sparkContext._jsc.sc().getPersistentRDDs().size()
+
+
+def metrics_of(values: list[str]) -> tuple[list[int], int]:
+    rows = [json.loads(v) for v in values]
+    return sorted(r["group"] for r in rows), sum(r["records"] for r in rows)
+
+
+def seqs(rows: list[Any]) -> list[int]:
+    return sorted(r.seq for r in rows)
+
+
+def test_a_sink_that_reads_once_runs_the_groups_once_without_a_cache(spark, tmp_path):
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    cached_during: list[int] = []
+    write = parquet_sink(str(out))
+
+    def sink(df, batch_id: int) -> None:  # noqa: ANN001
+        cached_during.append(cached_rdds(spark))
+        write(df, batch_id)
+
+    values = deliver(batch(spark, runs), 7, reads_once(sink))
+    assert group_runs(runs) == list(range(GROUPS))  # every group once, in the sink's write
+    assert cached_during == [0]
+    assert metrics_of(values) == (list(range(GROUPS)), ROWS)
+    assert seqs(spark.read.parquet(str(out / "batch_id=7")).collect()) == list(range(ROWS))
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        pytest.param(lambda df: [df.count(), df.collect()], id="twice"),
+        pytest.param(lambda df: df.take(1), id="partly"),
+        pytest.param(lambda df: None, id="not-at-all"),
+        pytest.param(lambda df: df.rdd.foreachPartition(lambda rows: None), id="rdd"),
+    ],
+)
+def test_any_other_sink_gets_the_batch_cached_after_every_group_ran_once(
+    spark, tmp_path, read: Callable[[Any], Any]
+):
+    runs = tmp_path / "runs"
+    seen: list[list[Any]] = []
+
+    def sink(df, batch_id: int) -> None:  # noqa: ANN001
+        read(df)
+        seen.append(df.collect())
+
+    values = deliver(batch(spark, runs), 7, sink)
+    assert group_runs(runs) == list(range(GROUPS))
+    assert metrics_of(values) == (list(range(GROUPS)), ROWS)
+    assert seqs(seen[0]) == list(range(ROWS)) and "kind" not in seen[0][0].asDict()
+    assert cached_rdds(spark) == 0  # the cache is dropped with the batch
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        pytest.param(lambda df: df.rdd.foreachPartition(lambda rows: None), id="rdd"),
+        pytest.param(lambda df: None, id="not-at-all"),
+    ],
+)
+def test_a_sink_marked_reads_once_that_reads_no_dataframe_fails_the_batch(
+    spark, tmp_path, read: Callable[[Any], Any]
+):
+    @reads_once
+    def lazy(df, batch_id: int) -> None:  # noqa: ANN001
+        read(df)
+
+    with pytest.raises(SinkReadError) as err:
+        deliver(batch(spark, tmp_path / "runs"), 7, lazy)
+    assert "lazy is marked reads_once but read batch 7 in no DataFrame action" in str(err.value)
+    assert "runs again on restart" in str(err.value)
+
+
+def test_a_foreach_batch_function_keeps_its_mark(spark, tmp_path):
+    runs = tmp_path / "runs"
+    got: list[tuple[int, int]] = []  # (rows read, RDDs cached while reading)
+
+    @reads_once
+    def marked(df, batch) -> None:  # noqa: ANN001
+        got.append((df.count(), cached_rdds(spark)))
+
+    def unmarked(df, batch) -> None:  # noqa: ANN001
+        got.append((df.count(), cached_rdds(spark)))
+        got.append((df.count(), cached_rdds(spark)))
+
+    values = deliver(batch(spark, runs), 7, foreach_batch_sink(marked, query_id="q"))
+    assert group_runs(runs) == list(range(GROUPS)) and metrics_of(values)[1] == ROWS
+    runs.unlink()
+    deliver(batch(spark, runs), 7, foreach_batch_sink(unmarked, query_id="q"))
+    assert group_runs(runs) == list(range(GROUPS))  # held: read twice, run once
+    assert got == [(ROWS, 0), (ROWS, 1), (ROWS, 1)]
