@@ -1,19 +1,24 @@
-"""What holding a batch's outputs for their two reads costs: `python -m bench.batch_hold --json`.
+"""What a batch's trip to the sink costs: `python -m bench.batch_hold --json`.
 
-Each batch the job caches its outputs, reads the metrics rows (a collect), hands the rest
-to the sink, and drops the cache (`shardless.processor.driver.job.start`). This runs those
-steps on a frame shaped like a batch's outputs (`OUTPUT_SCHEMA`: `--rows` rows of keys and
-JSON values, one metrics row per group, behind a shuffle into `--groups` partitions as the
+Each batch the job hands its outputs to the sink and reads its metrics rows
+(`shardless.processor.driver.batch_reads.deliver`): in the sink's one read for a sink
+marked `reads_once` (Parquet, Kinesis, a marked foreach_batch function), else by caching
+the outputs, collecting the metrics rows and handing the cache on. This runs those steps
+on a frame shaped like a batch's outputs (`OUTPUT_SCHEMA`: `--rows` rows of keys and JSON
+values, one metrics row per group, behind a shuffle into `--groups` partitions as the
 groups' output comes), in one `local[2]` session, with a sink that reads every output row
-(Spark's `noop` writer). Three arms alternate, `--reps` rounds after one unmeasured:
+(Spark's `noop` writer). Four arms alternate, `--reps` rounds after one unmeasured:
 
-- `held`: the job's `held` (the cache's columns uncompressed), as it is;
-- `compressed`: `persist()` with Spark's default, compressed columns, as before;
-- `one_read`: the plan read once, no cache (what the two reads cannot cost less than).
+- `one_pass`: `deliver` with the sink marked `reads_once`, as Parquet and Kinesis are;
+- `held`: `deliver` with an unmarked sink: the cache, its columns uncompressed (`held`);
+- `compressed`: the cache with Spark's default, compressed columns, as before `held`;
+- `one_read`: the plan read once by the sink, without the metrics rows (no arm can cost
+  less).
 
-Per arm: the median seconds of the steps, and the bytes cached, read from Spark's storage
-report while the cache is held (a `held` cache no larger than a `compressed` one means the
-setting did not take: the benchmark refuses the run). Ratios are against `compressed`.
+Per arm: the median seconds, and the bytes cached while the sink reads, from Spark's
+storage report. The benchmark refuses a run where an arm did not see one metrics row per
+group, `held` cached no more than `compressed` (the setting did not take), or `one_pass`
+cached anything. Ratios are against `compressed`.
 """
 
 from __future__ import annotations
@@ -27,10 +32,10 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from shardless.processor.driver.batch_reads import held
+from shardless.processor.driver.batch_reads import deliver, reads_once
 from shardless.processor.driver.spark import session
 
-ARMS = ("held", "compressed", "one_read")
+ARMS = ("one_pass", "held", "compressed", "one_read")
 
 
 def outputs(spark: SparkSession, rows: int, groups: int) -> DataFrame:
@@ -52,28 +57,39 @@ def outputs(spark: SparkSession, rows: int, groups: int) -> DataFrame:
 
 
 def cached_bytes(spark: SparkSession) -> int:
+    """The bytes Spark's storage report holds for the session's cached RDDs."""
     return sum(
         int(i.memSize()) + int(i.diskSize())
         for i in spark.sparkContext._jsc.sc().getRDDStorageInfo()
     )
 
 
-def one_batch(spark: SparkSession, df: DataFrame, arm: str) -> tuple[float, int]:
-    """The job's steps for one batch with `arm`; the seconds and the bytes it cached."""
+def one_batch(spark: SparkSession, df: DataFrame, arm: str, groups: int) -> tuple[float, int]:
+    """The job's steps for one batch with `arm`; the seconds and the bytes cached while
+    the sink read."""
+    cached: list[int] = []
+
+    def sink(out: DataFrame, batch_id: int) -> None:
+        out.write.format("noop").mode("overwrite").save()
+        cached.append(cached_bytes(spark))
+
     started = time.perf_counter()
-    kept = held(df) if arm == "held" else df.persist() if arm == "compressed" else df
-    try:
-        metrics = kept.where("kind = 'metrics'").select("value").collect()
-        if arm != "one_read":
-            kept.where("kind = 'out'").drop("kind").write.format("noop").mode("overwrite").save()
-        seconds = time.perf_counter() - started
-        size = cached_bytes(spark)
-    finally:
-        if arm != "one_read":
-            kept.unpersist(blocking=True)
-    if not metrics:
-        raise RuntimeError(f"{arm}: no metrics row read")
-    return seconds, size
+    if arm in ("one_pass", "held"):
+        metrics = deliver(df, 7, reads_once(sink) if arm == "one_pass" else sink)
+    elif arm == "compressed":
+        kept = df.persist()
+        try:
+            metrics = [r.value for r in kept.where("kind = 'metrics'").select("value").collect()]
+            sink(kept.where("kind = 'out'").drop("kind"), 7)
+        finally:
+            kept.unpersist()
+    else:
+        sink(df, 7)
+        metrics = ["-"] * groups  # not read: what the arm leaves out
+    seconds = time.perf_counter() - started
+    if len(metrics) != groups:
+        raise RuntimeError(f"{arm}: {len(metrics)} metrics rows read, not {groups}")
+    return seconds, cached[0]
 
 
 def measure(spark: SparkSession, rows: int, groups: int, reps: int) -> dict[str, Any]:
@@ -81,7 +97,7 @@ def measure(spark: SparkSession, rows: int, groups: int, reps: int) -> dict[str,
     runs: dict[str, list[tuple[float, int]]] = {arm: [] for arm in ARMS}
     for i in range(reps + 1):
         for arm in ARMS if i % 2 == 0 else reversed(ARMS):
-            found = one_batch(spark, df, arm)
+            found = one_batch(spark, df, arm, groups)
             if i:
                 runs[arm].append(found)
     arms = {
@@ -94,11 +110,15 @@ def measure(spark: SparkSession, rows: int, groups: int, reps: int) -> dict[str,
     }
     if not arms["held"]["cached_bytes"] > arms["compressed"]["cached_bytes"] > 0:
         raise RuntimeError(f"held did not cache uncompressed: {arms}")
+    if arms["one_pass"]["cached_bytes"]:
+        raise RuntimeError(f"one_pass cached the batch: {arms}")
     base = arms["compressed"]["seconds"]
     return {
         "rows": rows,
         "groups": groups,
         "arms": arms,
+        "one_pass_over_compressed": round(arms["one_pass"]["seconds"] / base, 3),
+        "one_pass_over_held": round(arms["one_pass"]["seconds"] / arms["held"]["seconds"], 3),
         "held_over_compressed": round(arms["held"]["seconds"] / base, 3),
         "held_saves_s": round(base - arms["held"]["seconds"], 4),
     }
@@ -121,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for arm, f in out["arms"].items():
             print(f"{arm:10s} {f['seconds'] * 1000:8.1f} ms  cached {f['cached_bytes']:>10,} bytes")
+        print(f"one_pass / held: {out['one_pass_over_held']}")
         print(f"held / compressed: {out['held_over_compressed']}")
     return 0
 

@@ -56,8 +56,8 @@ def is_read_once(function: Callable[..., Any]) -> bool:
 
 def held(df: DataFrame) -> DataFrame:
     """`df` persisted for the batch's two reads, with its columns cached uncompressed: less
-    time for a somewhat larger cache that lives one batch (`docs/benchmarks.md`, "Holding a
-    batch's outputs"). Spark reads the setting when the cache is defined, so it is changed
+    time for a somewhat larger cache that lives one batch (`docs/benchmarks.md`, "A batch's
+    trip to the sink"). Spark reads the setting when the cache is defined, so it is changed
     around `persist` only, and put back."""
     conf = df.sparkSession.conf
     before = conf.get(CACHE_COMPRESSED)

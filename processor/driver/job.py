@@ -391,7 +391,8 @@ def start(
     processing_time: str | None = None,
 ) -> StreamingQuery:
     """Start the query. Each batch's outputs go to `sink` once the state is committed (as
-    the columns of the handler's output schema, when it declares one); then
+    the columns of the handler's output schema, when it declares one; a sink marked
+    `reads_once` runs the groups in its own read: `shardless.processor.driver.batch_reads`); then
     the batch's source positions are recorded as the application's progress
     (`shardless.processor.driver.progress`), which `--starting-position COMMITTED` continues
     from."""
