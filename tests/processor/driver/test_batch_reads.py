@@ -146,3 +146,48 @@ def test_a_foreach_batch_function_keeps_its_mark(spark, tmp_path):
     deliver(batch(spark, runs), 7, foreach_batch_sink(unmarked, query_id="q"))
     assert group_runs(runs) == list(range(GROUPS))  # held: read twice, run once
     assert got == [(ROWS, 0), (ROWS, 1), (ROWS, 1)]
+
+
+def count_and_emit(event, ctx) -> None:  # noqa: ANN001
+    n = ctx.state.get(0) + 1
+    ctx.state.set(n)
+    ctx.emit(n)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("marked", [True, False], ids=["reads-once", "held"])
+def test_the_job_hands_each_batch_the_way_its_sink_reads(
+    spark, kinesis, make_stream, location, tmp_path, marked: bool
+):
+    """Through `start`: a marked sink's batches run in its own read, uncached; an unmarked
+    sink's are cached before it reads. Either way the outputs are the running counts."""
+    from shardless.processor.api.handlers import HandlerFactory
+    from shardless.processor.driver.job import start
+    from tests.jobs import job_config
+    from tests.processor.driver.test_progress_metrics import put
+
+    stream = make_stream(2)
+    keys = [f"user-{i % 7}" for i in range(120)]
+    put(kinesis, stream, [(k, {"i": i}) for i, k in enumerate(keys)])
+    cfg = job_config(location, (stream,), tmp_path, max_records_per_shard=25)
+    seen: list[tuple[int, list[Any]]] = []
+
+    def sink(df, batch_id: int) -> None:  # noqa: ANN001
+        cached = cached_rdds(spark)
+        seen.append((cached, df.select("key", "value").collect()))
+
+    query = start(
+        spark,
+        HandlerFactory(count_and_emit),
+        cfg,
+        sink=reads_once(sink) if marked else sink,
+        available_now=True,
+    )
+    query.awaitTermination()
+    assert len([rows for _, rows in seen if rows]) >= 3
+    assert {cached for cached, rows in seen if rows} == ({0} if marked else {1})
+    counts: dict[str, list[int]] = {}
+    for _, rows in seen:
+        for r in sorted(rows, key=lambda r: json.loads(r.value)):
+            counts.setdefault(r.key, []).append(json.loads(r.value))
+    assert counts == {k: list(range(1, keys.count(k) + 1)) for k in set(keys)}
