@@ -54,6 +54,17 @@ def is_read_once(function: Callable[..., Any]) -> bool:
     return bool(getattr(function, READS_ONCE, False))
 
 
+def describe(sink: Sink) -> str:
+    """How batches reach `sink`, for the job's log."""
+    if is_read_once(sink):
+        return "each batch runs once, in the sink's read (reads_once)"
+    return (
+        "each batch is cached for the sink, which may read it partly or more than once "
+        "(a sink that reads every row in one DataFrame action can say so with "
+        "@shardless.reads_once)"
+    )
+
+
 def held(df: DataFrame) -> DataFrame:
     """`df` persisted for the batch's two reads, with its columns cached uncompressed: less
     time for a somewhat larger cache that lives one batch (`docs/benchmarks.md`, "A batch's

@@ -401,6 +401,7 @@ def start(
     handlers, schema = typed_outputs.declared(handlers, cfg.app)
     prepare(cfg, spark)
     recorder = Recorder(spark, cfg.location, cfg.checkpoint, cfg.allow_recount, tuple(cfg.streams))
+    log.info("application %r: %s", cfg.app, batch_reads.describe(sink))
 
     def each_batch(df: DataFrame, batch_id: int) -> None:
         recorder.begin(batch_id)  # once per driver run, before anything of it is committed

@@ -157,10 +157,11 @@ def count_and_emit(event, ctx) -> None:  # noqa: ANN001
 @pytest.mark.slow
 @pytest.mark.parametrize("marked", [True, False], ids=["reads-once", "held"])
 def test_the_job_hands_each_batch_the_way_its_sink_reads(
-    spark, kinesis, make_stream, location, tmp_path, marked: bool
+    spark, kinesis, make_stream, location, tmp_path, caplog, marked: bool
 ):
     """Through `start`: a marked sink's batches run in its own read, uncached; an unmarked
-    sink's are cached before it reads. Either way the outputs are the running counts."""
+    sink's are cached before it reads, and the log says which. Either way the outputs are
+    the running counts."""
     from shardless.processor.api.handlers import HandlerFactory
     from shardless.processor.driver.job import start
     from tests.jobs import job_config
@@ -176,6 +177,7 @@ def test_the_job_hands_each_batch_the_way_its_sink_reads(
         cached = cached_rdds(spark)
         seen.append((cached, df.select("key", "value").collect()))
 
+    caplog.set_level("INFO", logger="shardless.processor.driver.job")
     query = start(
         spark,
         HandlerFactory(count_and_emit),
@@ -184,6 +186,8 @@ def test_the_job_hands_each_batch_the_way_its_sink_reads(
         available_now=True,
     )
     query.awaitTermination()
+    said = "in the sink's read (reads_once)" if marked else "cached for the sink, which may"
+    assert any(said in r.getMessage() for r in caplog.records)
     assert len([rows for _, rows in seen if rows]) >= 3
     assert {cached for cached, rows in seen if rows} == ({0} if marked else {1})
     counts: dict[str, list[int]] = {}
