@@ -102,9 +102,9 @@ def deliver(
             raise SinkReadError(
                 f"sink {name} is marked reads_once but read batch {batch_id} in no DataFrame "
                 "action (an RDD action such as foreachPartition or df.rdd, or none at all): "
-                "nothing of the batch is recorded and it runs again on restart; read the "
-                "DataFrame with one DataFrame action (a write, count, collect), or remove "
-                "the mark so that the batch is cached for the sink"
+                "the batch fails, and runs again on restart (groups that ran commit again in "
+                "the same place); read the DataFrame with one DataFrame action (a write, "
+                "count, collect), or remove the mark so that the batch is cached for the sink"
             )
         return list(seen.get["metrics"])
     kept = held(df)
