@@ -1,4 +1,4 @@
-"""A batch's outputs held for their two reads (`shardless.processor.driver.job.held`)."""
+"""A batch's outputs held for their two reads (`shardless.processor.driver.batch_reads.held`)."""
 
 from __future__ import annotations
 
