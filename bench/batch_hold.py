@@ -2,7 +2,7 @@
 
 Each batch the job hands its outputs to the sink and reads its metrics rows
 (`shardless.processor.driver.batch_reads.deliver`): in the sink's one read for a sink
-marked `reads_once` (Parquet, Kinesis, a marked foreach_batch function), else by caching
+marked `reads_once` (Parquet, Kinesis), else (the console, a foreach_batch function) by caching
 the outputs, collecting the metrics rows and handing the cache on. This runs those steps
 on a frame shaped like a batch's outputs (`OUTPUT_SCHEMA`: `--rows` rows of keys and JSON
 values, one metrics row per group, behind a shuffle into `--groups` partitions as the

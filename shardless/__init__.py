@@ -18,7 +18,6 @@ _EXPORTS = {
     "parquet_sink": "shardless.processor.driver.job",
     "console_sink": "shardless.processor.driver.job",
     "BatchReport": "shardless.processor.driver.job",
-    "reads_once": "shardless.processor.driver.batch_reads",
     "session": "shardless.processor.driver.spark",
     "kinesis_sink": "shardless.processor.kinesis.sink",
     "TestDriver": "shardless.processor.testing",
@@ -43,7 +42,6 @@ __all__ = [
     "kinesis_sink",
     "load_handler",
     "parquet_sink",
-    "reads_once",
     "session",
     "start",
 ]
@@ -53,7 +51,6 @@ if TYPE_CHECKING:
     from shardless.processor.api.context import Context, Event, Timer
     from shardless.processor.api.handlers import HandlerFactory
     from shardless.processor.api.policies import RecordPolicy
-    from shardless.processor.driver.batch_reads import reads_once
     from shardless.processor.driver.config import JobConfig
     from shardless.processor.driver.job import BatchReport, console_sink, parquet_sink, start
     from shardless.processor.driver.spark import session

@@ -1,12 +1,15 @@
 """How a batch's outputs reach the sink, and its metrics rows the driver.
 
-The groups run when a batch's DataFrame is first read, so every row of it must be read:
-a group never read never commits, and its records would be lost once Spark records the
-batch. A sink marked `reads_once` promises one DataFrame action that reads every row it is
-given (a write, a count, a collect): the batch then runs once, in that action, and the
-metrics rows come back as an observed metric of it. Any other sink may read its rows
-partly (`show`, `take`, `isEmpty`), twice or not at all, so the batch is cached first
-(`held`), its metrics rows collected, which runs every group, and the cache handed on.
+The groups run when a batch's DataFrame is read, and every partition of it must be read:
+a partition never read leaves its groups, and Spark's own state store, uncommitted. On
+Spark 4.3 Spark then fails the batch, but only after it has written the batch to its
+commit log: the records of the groups that did not run are lost, and the query cannot
+restart (its state store has no version for the batch). So a sink is handed the batch
+cached (`held`), after a collect of its metrics rows has run every group; it may then read
+it partly, twice or not at all. Only shardless's own sinks whose one DataFrame action reads
+every row (Parquet, Kinesis) are marked `reads_once`: the batch then runs once, in that
+action, and the metrics rows come back as an observed metric of it. The mark is not offered
+to users' functions, whose reads nothing here can check.
 """
 
 from __future__ import annotations
@@ -31,21 +34,16 @@ CACHE_COMPRESSED = "spark.sql.inMemoryColumnarStorage.compressed"
 
 
 class SinkReadError(ProcessorError):
-    """A sink marked `reads_once` did not read its batch in a DataFrame action."""
+    """A sink marked `reads_once` did not read its batch in a DataFrame action (a bug in
+    that sink: the batch fails and runs again on restart)."""
 
 
 def reads_once(function: F_) -> F_:
-    """Mark a sink `(df, batch_id)` or a `foreach_batch` function `(df, batch)` as reading
-    every row of its DataFrame in exactly one DataFrame action: a write
-    (`df.write...save()`, `parquet()`), `count()`, `collect()`, `toPandas()`. The batch's
-    groups then run in that action instead of once into a cache and twice out of it.
-
-    Not for a function that reads only some rows (`show`, `take`, `first`, `limit`,
-    `isEmpty`) or goes through the RDD (`foreachPartition`, `df.rdd`): a batch whose marked
-    sink ran no DataFrame action fails (`SinkReadError`) and runs again on restart, but a
-    partial read cannot be told from a whole one, and the groups it skipped would lose their
-    records. A second action on the DataFrame runs the batch's groups again (a replay: the
-    same outputs, at the cost of the whole batch)."""
+    """Mark one of shardless's sinks as reading every row of its DataFrame in exactly one
+    DataFrame action (a write, `count()`, `collect()`), never partly and never through the
+    RDD: the batch's groups then run in that action instead of once into a cache and again
+    out of it. A marked sink whose read fills no observation (an RDD action, or none) fails
+    the batch with `SinkReadError`; a partial read cannot be told from a whole one here."""
     setattr(function, READS_ONCE, True)
     return function
 
@@ -58,11 +56,7 @@ def describe(sink: Sink) -> str:
     """How batches reach `sink`, for the job's log."""
     if is_read_once(sink):
         return "each batch runs once, in the sink's read (reads_once)"
-    return (
-        "each batch is cached for the sink, which may read it partly or more than once "
-        "(a sink that reads every row in one DataFrame action can say so with "
-        "@shardless.reads_once)"
-    )
+    return "each batch is cached for the sink, which may read it partly or more than once"
 
 
 def held(df: DataFrame) -> DataFrame:
@@ -103,8 +97,8 @@ def deliver(
                 f"sink {name} is marked reads_once but read batch {batch_id} in no DataFrame "
                 "action (an RDD action such as foreachPartition or df.rdd, or none at all): "
                 "the batch fails, and runs again on restart (groups that ran commit again in "
-                "the same place); read the DataFrame with one DataFrame action (a write, "
-                "count, collect), or remove the mark so that the batch is cached for the sink"
+                "the same place); the sink must read the DataFrame in one DataFrame action "
+                "(a write, count, collect), or lose the mark so that the batch is cached"
             )
         return list(seen.get["metrics"])
     kept = held(df)

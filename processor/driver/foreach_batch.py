@@ -14,9 +14,8 @@ checkpoint, recomputes the same outputs (its state was committed; a re-run commi
 same place), and calls the function again with the same `(query_id, batch_id)`. A function
 that writes idempotently per identity is therefore exactly once.
 
-A function that reads every row in one DataFrame action (a write, `count`, `collect`) can
-say so with `@shardless.reads_once`: the batch then runs once, in that read, instead of
-into a cache first (`shardless.processor.driver.batch_reads`).
+The batch reaches the function cached, so whatever it reads (part of it, all of it twice),
+every group has run once before it is called (`shardless.processor.driver.batch_reads`).
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 
-from shardless.processor.driver import batch_reads
 from shardless.processor.errors import ConfigError, ProcessorError
 
 Sink = Callable[[DataFrame, int], None]  # as shardless.processor.driver.job.Sink
@@ -85,8 +83,6 @@ def foreach_batch_sink(
                 "calls the function again with the same batch identity"
             ) from exc
 
-    if batch_reads.is_read_once(function):  # the batch runs once, in the function's read
-        batch_reads.reads_once(write)
     return write
 
 

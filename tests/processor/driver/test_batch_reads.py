@@ -128,24 +128,20 @@ def test_a_sink_marked_reads_once_that_reads_no_dataframe_fails_the_batch(
     assert "runs again on restart" in str(err.value)
 
 
-def test_a_foreach_batch_function_keeps_its_mark(spark, tmp_path):
+def test_a_users_function_is_handed_the_batch_cached_even_if_it_carries_the_mark(spark, tmp_path):
+    """`foreach_batch_sink` never passes the mark on: nothing can check a user's reads."""
     runs = tmp_path / "runs"
     got: list[tuple[int, int]] = []  # (rows read, RDDs cached while reading)
 
     @reads_once
     def marked(df, batch) -> None:  # noqa: ANN001
         got.append((df.count(), cached_rdds(spark)))
-
-    def unmarked(df, batch) -> None:  # noqa: ANN001
-        got.append((df.count(), cached_rdds(spark)))
         got.append((df.count(), cached_rdds(spark)))
 
     values = deliver(batch(spark, runs), 7, foreach_batch_sink(marked, query_id="q"))
-    assert group_runs(runs) == list(range(GROUPS)) and metrics_of(values)[1] == ROWS
-    runs.unlink()
-    deliver(batch(spark, runs), 7, foreach_batch_sink(unmarked, query_id="q"))
     assert group_runs(runs) == list(range(GROUPS))  # held: read twice, run once
-    assert got == [(ROWS, 0), (ROWS, 1), (ROWS, 1)]
+    assert metrics_of(values) == (list(range(GROUPS)), ROWS)
+    assert got == [(ROWS, 1), (ROWS, 1)]
 
 
 def count_and_emit(event, ctx) -> None:  # noqa: ANN001
@@ -195,3 +191,45 @@ def test_the_job_hands_each_batch_the_way_its_sink_reads(
         for r in sorted(rows, key=lambda r: json.loads(r.value)):
             counts.setdefault(r.key, []).append(json.loads(r.value))
     assert counts == {k: list(range(1, keys.count(k) + 1)) for k in set(keys)}
+
+
+@pytest.mark.slow
+def test_a_sink_that_reads_partly_loses_no_state_and_the_job_goes_on(
+    spark, kinesis, make_stream, location, tmp_path
+):
+    """An unmarked sink that peeks at one row of each batch: every group still ran and
+    committed, Spark records the batches, and a later run counts on from every record."""
+    from shardless.processor.api.handlers import HandlerFactory
+    from shardless.processor.driver.job import start
+    from tests.jobs import job_config
+    from tests.processor.driver.test_progress_metrics import put
+
+    stream = make_stream(2)
+    first = [f"user-{i % 7}" for i in range(60)]
+    put(kinesis, stream, [(k, {"i": i}) for i, k in enumerate(first)])
+    cfg = job_config(location, (stream,), tmp_path, max_records_per_shard=25)
+    peeked: list[int] = []
+    seen: list[Any] = []
+
+    def peek(df, batch_id: int) -> None:  # noqa: ANN001
+        peeked.append(len(df.take(1)))
+
+    def whole(df, batch_id: int) -> None:  # noqa: ANN001
+        seen.extend(df.select("key", "value").collect())
+
+    start(
+        spark, HandlerFactory(count_and_emit), cfg, sink=peek, available_now=True
+    ).awaitTermination()
+    assert len(peeked) >= 2 and set(peeked) <= {0, 1}
+    second = [f"user-{i % 7}" for i in range(21)]
+    put(kinesis, stream, [(k, {"i": i}) for i, k in enumerate(second)])
+    start(
+        spark, HandlerFactory(count_and_emit), cfg, sink=whole, available_now=True
+    ).awaitTermination()
+    counts: dict[str, list[int]] = {}
+    for r in seen:
+        counts.setdefault(r.key, []).append(json.loads(r.value))
+    assert {k: sorted(v) for k, v in counts.items()} == {
+        k: list(range(first.count(k) + 1, first.count(k) + second.count(k) + 1))
+        for k in set(second)
+    }
