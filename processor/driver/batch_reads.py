@@ -77,6 +77,15 @@ def _outputs(df: DataFrame) -> DataFrame:
     return df.where("kind = 'out'").drop("kind")
 
 
+def _observed(seen: Observation) -> list[str] | None:
+    """The metrics values `seen` observed, or None when no DataFrame action filled it: Spark
+    fills an observation when such an action ends (`SQLExecution`), not after an RDD action
+    or none, and `Observation.get` would wait for it for good."""
+    if not seen._jo.future().isCompleted():  # type: ignore[union-attr]
+        return None
+    return list(seen.get["metrics"])
+
+
 def deliver(
     df: DataFrame,
     batch_id: int,
@@ -89,9 +98,8 @@ def deliver(
         seen = Observation()
         metrics = F.collect_list(F.when(F.col("kind") == "metrics", F.col("value")))
         sink(shape(_outputs(df.observe(seen, metrics.alias("metrics")))), batch_id)
-        # Spark fills an observation when a DataFrame action over it ends (SQLExecution):
-        # not after an RDD action, nor when nothing was read.
-        if not seen._jo.future().isCompleted():  # type: ignore[union-attr]
+        values = _observed(seen)
+        if values is None:
             name = getattr(sink, "__qualname__", repr(sink))
             raise SinkReadError(
                 f"sink {name} is marked reads_once but read batch {batch_id} in no DataFrame "
@@ -100,7 +108,7 @@ def deliver(
                 "the same place); the sink must read the DataFrame in one DataFrame action "
                 "(a write, count, collect), or lose the mark so that the batch is cached"
             )
-        return list(seen.get["metrics"])
+        return values
     kept = held(df)
     try:
         values = [row.value for row in kept.where("kind = 'metrics'").select("value").collect()]

@@ -18,14 +18,14 @@ batch's input (a retried batch yields the same outputs for a deterministic handl
 
 The records are written from the executors (one `mapInPandas` pass per Spark partition, in
 one DataFrame action: the sink `reads_once`), in PutRecords calls of at most 500 records and
-5 MiB. When Kinesis fails some entries of a call (throttling,
-internal failures), only those are put again, after a jittered exponential backoff, up to
-`attempts` calls; then the task fails with `KinesisSinkError`, naming the stream, the batch
-and the error codes seen. Spark retries the task and, if that fails too, the batch: either
-way records already accepted are put again. Kinesis offers no conditional put, so this sink
-is at-least-once: consumers drop records whose `(query, batch_id, seq)` they have seen.
-Kinesis does not keep the order of records within a PutRecords call across retries either;
-consumers that need a key's outputs in order sort one query's records by `(batch_id, seq)`.
+5 MiB. When Kinesis fails some entries of a call (throttling, internal failures), only those
+are put again, after a jittered exponential backoff, up to `attempts` calls; then the task
+fails with `KinesisSinkError`, naming the stream, the batch and the error codes seen. Spark
+retries the task and, if that fails too, the batch: either way records already accepted are
+put again. Kinesis offers no conditional put, so this sink is at-least-once: consumers drop
+records whose `(query, batch_id, seq)` they have seen. Kinesis does not keep the order of
+records within a PutRecords call across retries either; consumers that need a key's outputs
+in order sort one query's records by `(batch_id, seq)`.
 """
 
 from __future__ import annotations

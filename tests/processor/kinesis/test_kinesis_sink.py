@@ -74,6 +74,7 @@ def test_the_sink_reads_its_batch_once_in_a_dataframe_action(spark, kinesis, mak
     from pyspark.sql import functions as F
 
     from shardless.processor.driver.batch_reads import deliver, is_read_once, reads_once
+    from tests.processor.driver.test_batch_reads import cached_rdds
 
     stream = make_stream(2)
     df, rows = outputs(spark, 700, batch_id=3)
@@ -87,7 +88,7 @@ def test_the_sink_reads_its_batch_once_in_a_dataframe_action(spark, kinesis, mak
     @reads_once  # as the sink itself is
     def watched(df, batch_id: int) -> None:  # noqa: ANN001
         sink(df, batch_id)
-        cached.append(spark.sparkContext._jsc.sc().getPersistentRDDs().size())
+        cached.append(cached_rdds(spark))
 
     assert is_read_once(sink)
     assert deliver(batch, 3, watched) == ['{"group": 0}']
