@@ -95,6 +95,47 @@ def recovery_seconds(
     return watch.seconds()
 
 
+def window_p99s(
+    samples: Sequence[tuple[float, float]],
+    window_s: float = 5.0,
+    step_s: float = 0.5,
+    min_records: int = 1,
+) -> list[float]:
+    """The p99 latency of each window that the recovery check would judge, over a steady
+    stretch: `samples` are (delivery time, latency); windows of `window_s` seconds of
+    deliveries slide by `step_s` from the first delivery, and only windows that end by the
+    last delivery and hold at least `min_records` count.
+
+    Their spread shows how tight a bar the stretch's own p99 is: a window of a few seconds
+    holds a few batches, so even before a fault some windows' p99 lie above the p99 of the
+    whole stretch."""
+    if not samples:
+        return []
+    ordered = sorted(samples)
+    times = [t for t, _ in ordered]
+    out = []
+    start, last = times[0], times[-1]
+    while start + window_s <= last:
+        window = [
+            lat
+            for _, lat in ordered[bisect_left(times, start) : bisect_left(times, start + window_s)]
+        ]
+        if len(window) >= min_records:
+            out.append(percentile(window, 99))
+        start += step_s
+    return out
+
+
+def median_recovery(figures: Sequence[float | None]) -> float | None:
+    """The median of several faults' recovery seconds, a fault that never recovered (None)
+    counting as slower than any that did: None when at least half never recovered. With an
+    even count the slower of the two middle figures, so the median never flatters."""
+    if not figures:
+        return None
+    ordered = sorted(figures, key=lambda f: math.inf if f is None else f)
+    return ordered[len(ordered) // 2]
+
+
 @dataclass
 class RecoveryWatch:
     """`recovery_seconds` asked again and again while deliveries come in, at a cost that

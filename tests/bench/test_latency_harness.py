@@ -23,9 +23,11 @@ from bench.latency_stats import (
     due,
     exactly_once_problems,
     latency_summary,
+    median_recovery,
     percentile,
     phase_rates,
     recovery_seconds,
+    window_p99s,
 )
 
 finite = st.floats(min_value=0, max_value=1e6, allow_nan=False)
@@ -171,6 +173,65 @@ def test_recovery_needs_enough_records_in_a_window() -> None:
     samples = [(10.0, 0.1)]  # one fast record is no recovery when a window needs 10
     assert recovery_seconds(samples, 0.0, 1.0, window_s=5.0, min_records=10) is None
     assert recovery_seconds(samples, 0.0, 1.0, window_s=5.0, min_records=1) is not None
+
+
+@given(samples_st.filter(bool))
+def test_steady_windows_are_those_the_recovery_check_judges(
+    samples: list[tuple[float, float]],
+) -> None:
+    """Each of the steady stretch's window p99s is what the recovery check would find for a
+    window starting there: a stretch judged with the same windows as the recovery."""
+    got = window_p99s(samples, window_s=5.0, step_s=0.5, min_records=3)
+    first, last = min(t for t, _ in samples), max(t for t, _ in samples)
+    starts = [first + k * 0.5 for k in range(int((last - first - 5.0) / 0.5) + 1)]
+    starts = [s for s in starts if s + 5.0 <= last]
+    want = []
+    for start in starts:
+        window = [lat for t, lat in samples if start <= t < start + 5.0]
+        if len(window) >= 3:
+            want.append((start, percentile(window, 99)))
+    assert got == [p99 for _, p99 in want]
+    # at a window's own p99 as the bar, the recovery check passes the window at once
+    for start, p99 in want:
+        found = recovery_seconds(samples, start, p99, 5.0, 0.5, min_records=3)
+        assert found is not None and found <= 5.0 + 1e-9
+
+
+def test_a_steady_stretch_has_windows_over_its_own_p99() -> None:
+    """A batch a second, one in ten slower: the stretch's p99 is set by the slow batches,
+    and the windows that hold one lie over it, the others under it."""
+    samples = []
+    for batch in range(60):
+        slow = batch % 10 == 9
+        for k in range(100):  # records put over the second before the batch, then its run
+            samples.append((batch + 1.0, (1.0 - k / 100) + (1.6 if slow else 0.9)))
+    bar = percentile([lat for _, lat in samples], 99)
+    windows = window_p99s(samples, window_s=5.0, step_s=0.5)
+    over = sum(w > bar for w in windows) / len(windows)
+    assert 0.2 < over < 0.8, over  # the check's bar is tight, even before any fault
+    assert window_p99s([], 5.0) == []
+    assert window_p99s([(1.0, 0.5), (3.0, 0.5)], window_s=5.0) == []  # no complete window
+
+
+def test_the_median_of_kills_counts_a_kill_never_recovered_as_the_slowest() -> None:
+    assert median_recovery([29.5, None, 35.0]) == 35.0
+    assert median_recovery([None, 30.0, None]) is None
+    assert median_recovery([42.0]) == 42.0
+    assert median_recovery([30.0, 40.0]) == 40.0  # the slower middle: it never flatters
+    assert median_recovery([None, 25.0]) is None
+    assert median_recovery([]) is None
+
+
+@given(st.lists(st.one_of(st.none(), st.floats(min_value=0.5, max_value=180)), min_size=1))
+def test_the_median_of_kills_is_one_of_them_with_half_at_or_under_it(
+    figures: list[float | None],
+) -> None:
+    got = median_recovery(figures)
+    assert got in figures
+    slow = math.inf if got is None else got
+    at_or_under = sum((math.inf if f is None else f) <= slow for f in figures)
+    assert at_or_under >= len(figures) / 2
+    assert sum((math.inf if f is None else f) >= slow for f in figures) >= len(figures) / 2
 
 
 def _batch(*outs: tuple[str, int, int]) -> list[tuple[str, Output]]:
@@ -324,6 +385,7 @@ def test_quick_run_reports_every_figure(tmp_path: Path) -> None:
         settle_s=1.5,
         pre_kill_s=4.0,
         recovery_limit_s=12.0,
+        kills=2,
         driver_restart=False,
     )
     from shardless.processor.local import emulators as local_aws
@@ -357,6 +419,15 @@ def test_quick_run_reports_every_figure(tmp_path: Path) -> None:
     assert kill["fault"]["processes"] >= 2 and kill["fault"]["stores_removed"] > 0
     assert out["restored_slices"] > 0 and out["restored_bytes"] > 0
     assert out["recovery_s_executor_kill"] is None or out["recovery_s_executor_kill"] > 0
+    # two kills, the second of a live executor (the first one's replacement or the
+    # survivor), each losing slices that were restored; the figure is their median
+    kills = out["executor_kills"]
+    assert len(kills) == plan.kills
+    assert len({k["pid"] for k in kills}) == plan.kills
+    assert all(k["restored_slices"] > 0 and k["stores_removed"] > 0 for k in kills), kills
+    assert out["recovery_s_executor_kills"] == [k["recovery_s"] for k in kills]
+    assert out["recovery_s_executor_kill"] == median_recovery(out["recovery_s_executor_kills"])
+    assert kill["pre_fault"]["windows_over_bar"] is None  # no 5 s window in 2.5 s settled
     # asked twice a second, the watch judges the windows still open and the new ones only
     questions = kill["observed_s"] / 0.5 + 2
     assert 0 < kill["windows_judged"] <= questions * (plan.window_s / 0.5 + 2), kill
