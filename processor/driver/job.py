@@ -303,6 +303,16 @@ def outputs(spark: SparkSession, handlers: HandlerFactory, cfg: JobConfig) -> Da
     return metrics.observe_batch(plan)
 
 
+SLOWEST_PHASES = 3
+
+
+def longest_phases(timings: dict[str, float], n: int = SLOWEST_PHASES) -> dict[str, float]:
+    """The `n` phases of a group's batch that took longest (its metrics row's `timings`),
+    longest first, in seconds: what a slow batch's log line names as the cause."""
+    ranked = sorted(timings.items(), key=lambda kv: kv[1], reverse=True)[:n]
+    return {name: round(seconds, 3) for name, seconds in ranked}
+
+
 @dataclass
 class BatchReport:
     """What one batch did, aggregated over its groups."""
@@ -323,6 +333,8 @@ class BatchReport:
     restore_seconds_max: float = 0.0
     restores: list[dict[str, Any]] = field(default_factory=list)
     group_pids: dict[int, int] = field(default_factory=dict)  # the process that ran each group
+    # where the slowest group's time went: its longest phases, longest first (seconds)
+    slowest_phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def restored(self) -> list[dict[str, Any]]:
@@ -339,7 +351,9 @@ class BatchReport:
             report.outputs += m["outputs"]
             report.committed_slices += m["committed_slices"]
             report.segment_bytes += m["segment_bytes"]
-            report.group_seconds_max = max(report.group_seconds_max, m["seconds"])
+            if m["seconds"] >= report.group_seconds_max:
+                report.group_seconds_max = m["seconds"]
+                report.slowest_phases = longest_phases(m.get("timings", {}))
             report.timers_fired += m["timers_fired"]
             report.dead_letters += m.get("dead_letters", 0)
             report.handler_retries += m.get("handler_retries", 0)

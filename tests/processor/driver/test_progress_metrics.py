@@ -166,6 +166,9 @@ def test_each_batch_s_progress_holds_what_it_did_and_prometheus_serves_it(
         assert f["groups"] == len(report.group_pids)
         assert f["restores"] == len(report.restored)
         assert f["millis_behind_latest"] == lag_in_batch_log(spark, cfg, batch_id)
+        # the log line names where the slowest group's time went, longest first
+        phases = list(report.slowest_phases.values())
+        assert 0 < len(phases) <= 3 and phases == sorted(phases, reverse=True), report
     assert total["segment_bytes"] > 0 and total["snapshots"] > 0 and total["snapshot_bytes"] > 0
     assert sum(len(f["millis_behind_latest"]) for _, f in batches) >= 2  # both shards gave
 
