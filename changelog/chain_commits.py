@@ -89,14 +89,24 @@ def commit_link(
 
 
 def take_over(
-    durable: DurableState, heads: dict[int, Head | None], tip: ChainTip, owner: str, query: str
+    durable: DurableState,
+    heads: dict[int, Head | None],
+    tip: ChainTip,
+    owner: str,
+    query: str,
+    settled: frozenset[str] = frozenset(),
 ) -> dict[int, Head]:
     """Make `tip`'s chain commit the slices of `heads` (read through their chains) from
     its next position: seal every other chain they name, read them again (a link may
     have landed before the seal), and write each head whole with its versions in its
     own log, conditional on the head read, with the query's fence check. Returns the
-    heads as written. Raises HeadConflictError when another writer changed one."""
-    heads = {**heads, **durable.sealed_again(heads, owner, keep=tip.chain)}
+    heads as written. Raises HeadConflictError when another writer changed one.
+
+    Heads naming a `settled` chain, one the caller sealed right after the tip they were
+    read at, are final already and are not read again: each one's write is still
+    conditional on its item being as read."""
+    unsettled = {s: h for s, h in heads.items() if h is None or h.chain not in settled}
+    heads = {**heads, **durable.sealed_again(unsettled, owner, keep=tip.chain)}
     now = int(time.time() * 1000)
     taken: dict[int, Head] = {}
     items = []

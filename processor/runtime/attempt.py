@@ -179,9 +179,13 @@ class Attempt:
                 # conditional on every link the heads are read through
                 self.heads.update(self.durable.heads(self.slices))
                 self.metrics["heads_read"] += len(self.slices)
-        tip = roll_over(self.durable, self.cfg, self.group, self.query, tip, self.cache.owner)
+        tip, settled = roll_over(
+            self.durable, self.cfg, self.group, self.query, tip, self.cache.owner
+        )
         try:
-            taken = join(self.durable, tip, self.heads, self.slices, self.cache.owner, self.query)
+            taken = join(
+                self.durable, tip, self.heads, self.slices, self.cache.owner, self.query, settled
+            )
         except HeadConflictError as exc:
             if set(exc.slices) & set(self.known) or (
                 remembered and isinstance(exc, GuardFailedError)

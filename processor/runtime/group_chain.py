@@ -96,17 +96,25 @@ def unchanged_since(durable: DurableState, tip: ChainTip, heads: dict[int, Head 
 
 def roll_over(
     durable: DurableState, cfg: RuntimeConfig, group: int, query: str, tip: ChainTip, owner: str
-) -> ChainTip:
+) -> tuple[ChainTip, frozenset[str]]:
     """`tip` when its chain is shorter than `chain_limit`; else the chain sealed and a new
     one started, which the batch's slices are then taken over into (`join`), and the
     group's other slices as they change. Their versions in the old chain stay readable up
-    to its seal; once no head names it, gc deletes it."""
+    to its seal; once no head names it, gc deletes it.
+
+    Also the chains whose heads are final as the group knows them: the old chain when this
+    seal landed right after `tip` (nothing was committed after the tip the heads were read
+    or remembered at, and nothing can be now), so its slices need not be read again through
+    it (`join`'s `settled`)."""
     if tip.position < chain_limit(cfg, group):
-        return tip
-    seal(durable.loc, tip.chain, owner)
+        return tip, frozenset()
+    sealed = seal(durable.loc, tip.chain, owner)
+    ours = sealed.last is not None and sealed.last.sealed_by == owner
+    settled = ours and sealed.position == tip.position + 1
     log.info("group %d: chain %s reached position %d; starting a new one", group, tip.chain,
              tip.position)  # fmt: skip
-    return create_chain(durable.loc, *wanted(cfg, group, query))
+    new = create_chain(durable.loc, *wanted(cfg, group, query))
+    return new, frozenset({tip.chain} if settled else ())
 
 
 def join(
@@ -116,12 +124,15 @@ def join(
     slices: list[int],
     owner: str,
     query: str,
+    settled: frozenset[str] = frozenset(),
 ) -> dict[int, Head]:
     """Take over the slices of `slices` that `tip`'s chain does not commit yet; returns
-    their heads as written (the others need nothing)."""
+    their heads as written (the others need nothing). Heads naming a `settled` chain are
+    final as given (`roll_over`); the takeover's conditions still check that nobody wrote
+    them since."""
     take = {s: heads.get(s) for s in slices}
     take = {s: h for s, h in take.items() if h is None or h.chain != tip.chain}
-    return take_over(durable, take, tip, owner, query) if take else {}
+    return take_over(durable, take, tip, owner, query, settled) if take else {}
 
 
 def adopt(
