@@ -272,6 +272,46 @@ def test_a_roll_over_by_the_chains_writer_reads_no_head_through_the_sealed_chain
     assert out == [{"key": "user-5", "n": Counter(fed)["user-5"] + 1}]
 
 
+def test_a_roll_over_settles_only_a_chain_its_own_seal_closed_right_after_the_tip(
+    location, tmp_path, commit_format
+):
+    """The heads a group knows are final only when its own seal landed at the position
+    right after the tip they were read at. A seal further on (a link came after the tip the
+    group remembers) or one another writer put there first leaves the chain unsettled: its
+    heads are read again."""
+    if commit_format != "chains":
+        pytest.skip("chains only")
+    from dataclasses import replace
+
+    from shardless.changelog.chain_reads import all_chains
+    from shardless.changelog.chain_writes import ChainTip, find_tip, read_link, seal
+    from shardless.processor.runtime.group_chain import roll_over
+
+    def chain_at_two(query: str) -> ChainTip:
+        r = runner(location, tmp_path / query, chain_length=10)
+        for batch in range(2):
+            r.run(0, query, batch, frame(KEYS[batch * 50 : (batch + 1) * 50], batch * 100))
+        (genesis,) = [g for g in all_chains(location) if g.query == query]
+        return find_tip(location, genesis)
+
+    cfg = replace(runner(location, tmp_path / "cfg").inner.config, chain_length=1)
+    durable = DurableState(location)
+
+    tip = chain_at_two("q-own")
+    new, settled = roll_over(durable, cfg, 0, "q-own", tip, "me")
+    assert settled == {tip.chain} and new.chain != tip.chain
+
+    tip = chain_at_two("q-stale")  # the group remembers position 1; the chain is at 2
+    stale = ChainTip(tip.genesis, 1, read_link(location, tip.genesis, 1))
+    new, settled = roll_over(durable, cfg, 0, "q-stale", stale, "me")
+    assert settled == frozenset() and new.chain != tip.chain  # rolled over, not settled
+
+    tip = chain_at_two("q-other")  # another writer sealed it right after the tip first
+    seal(location, tip.chain, "other")
+    _, settled = roll_over(durable, cfg, 0, "q-other", tip, "me")
+    assert settled == frozenset()
+
+
 def test_handler_error_names_the_record_and_commits_nothing(location, tmp_path, commit_format):
     def fails_on_seven(event, ctx):
         count_handler(event, ctx)
