@@ -30,6 +30,7 @@ share its cores.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -42,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import latency_app
+from bench import cpu_share, latency_app
 from bench.latency_rig import MASTER, TRIGGER_S, Deliveries, Job, Producer, read_progress
 from bench.latency_stats import (
     RecoveryWatch,
@@ -60,6 +61,7 @@ from shardless.processor.local.faults.procs import cpu_seconds
 
 LOADS = (0.25, 0.50, 0.75)
 RECOVERY_LOAD = 0.50
+CPU_EVERY_S = 2.0  # how often the host's CPU is read after a fault (a few ms each)
 GOAL_P99_MS_AT_50PCT = 2_500
 GOAL_RECOVERY_S = 30.0
 
@@ -174,9 +176,11 @@ def recovery_phase(
     producer: Producer,
     deliveries: Deliveries,
     job: Job,
+    emulators: list[int],
 ) -> dict[str, Any]:
     """At `rate`: a pre-fault window (and load until its records are out), the fault,
-    then load until latency is back under the pre-fault p99 (or `plan.recovery_limit_s`)."""
+    then load until latency is back under the pre-fault p99 (or `plan.recovery_limit_s`).
+    The host's CPU is read every `CPU_EVERY_S` from the fault on (`bench.cpu_share`)."""
     pre = producer.at_rate(rate, plan.pre_kill_s)
 
     def pre_delivered(_: list[int]) -> bool:
@@ -200,6 +204,8 @@ def recovery_phase(
         round(sum(w > bar_s for w in windows) / len(windows), 3) if windows else None
     )
     reports_before = len(job.reports())
+    # read just before the fault: an executor that is not in it is the replacement
+    snapshots = [cpu_share.take(job.driver.pid, emulators)]
     fault_at = time.time()
     what = fault()
     found: float | None = None
@@ -211,6 +217,8 @@ def recovery_phase(
         """Asked twice a second while the load goes on: only the records new since the last
         question, and those still in flight, are looked at."""
         nonlocal found, asked
+        if time.time() - snapshots[-1].at >= CPU_EVERY_S:
+            snapshots.append(cpu_share.take(job.driver.pid, emulators))
         deliveries.poll()
         in_flight.update((i, producer.put_at[i]) for i in ids[asked:])
         asked = len(ids)
@@ -223,6 +231,9 @@ def recovery_phase(
     after = producer.at_rate(rate, plan.recovery_limit_s, stop=recovered)
     wait_delivered(deliveries, after["ids"], job, plan.drain_timeout_s)
     recovered(after["ids"])
+    if len(snapshots) > 1 and time.time() - snapshots[-1].at < CPU_EVERY_S / 2:
+        snapshots.pop()  # a last reading moments after the one before says little alone
+    snapshots.append(cpu_share.take(job.driver.pid, emulators))
     reported(deliveries, job)
     reports = job.reports()[reports_before:]
     post = {i: producer.put_at[i] for i in after["ids"]}
@@ -242,7 +253,31 @@ def recovery_phase(
         "batches_reported": len(reports),
         "group_processes_before": group_processes(job.reports()[:reports_before]),
         "group_processes_at_end": group_processes(reports),
+        **cpu_after_fault(snapshots, fault_at, found),
     }
+
+
+def cpu_after_fault(
+    snapshots: list[cpu_share.Snapshot], fault_at: float, found: float | None
+) -> dict[str, Any]:
+    """Where the host's CPU went from the fault to the recovery (to the first reading at
+    or after it; to the last without one), and, reading by reading, the cores the host,
+    the executors' JIT compilers and the replacement's used."""
+    first = snapshots[0]
+    end = snapshots[-1]
+    if found is not None:
+        end = next((s for s in snapshots if s.at >= fault_at + found), end)
+    timeline = []
+    for before, after in itertools.pairwise(snapshots):
+        used = cpu_share.spent(before, after)
+        seconds = after.at - before.at
+        timeline.append({
+            "t": round(after.at - fault_at, 1),
+            "host_cores": round(used["host_cpu_s"] / seconds, 2),
+            "executors_jit_cores": round(used["roles"]["executors"]["jit_s"] / seconds, 2),
+            "replacement_jit_cores": round(used["replacement"]["jit_s"] / seconds, 2),
+        })  # fmt: skip
+    return {"cpu_to_recovery": cpu_share.spent(first, end), "cpu_timeline": timeline}
 
 
 def kill_summary(recovery_s: float | None, kill: dict[str, Any]) -> dict[str, Any]:
@@ -256,6 +291,9 @@ def kill_summary(recovery_s: float | None, kill: dict[str, Any]) -> dict[str, An
         "after_fault_max_ms": kill["after_fault"].get("max_ms"),
         "restored_slices": kill["restored_slices"],
         "restore_seconds_max": round(kill["restore_seconds_max"], 2),
+        "host_busy_share": kill["cpu_to_recovery"]["host_busy_share"],
+        "replacement_jit_s": kill["cpu_to_recovery"]["replacement"]["jit_s"],
+        "replacement_cpu_s": kill["cpu_to_recovery"]["replacement"]["cpu_s"],
     }
 
 
@@ -314,7 +352,7 @@ def run(plan: Plan, aws: local_aws.LocalAws, work: Path, seed: int = 7) -> dict[
         rate = throughput * RECOVERY_LOAD
         kills = [
             recovery_phase(
-                "executor_kill", job.kill_executor, rate, plan, producer, deliveries, job
+                "executor_kill", job.kill_executor, rate, plan, producer, deliveries, job, aws.pids
             )  # fmt: skip
             for _ in range(plan.kills)
         ]
@@ -329,7 +367,7 @@ def run(plan: Plan, aws: local_aws.LocalAws, work: Path, seed: int = 7) -> dict[
         out["executor_kills"] = [kill_summary(f, k) for f, k in zip(figures, kills, strict=True)]
         if plan.driver_restart:
             restart = recovery_phase("driver_restart", job.restart_driver, rate, plan, producer,
-                                     deliveries, job)  # fmt: skip
+                                     deliveries, job, aws.pids)  # fmt: skip
             out["recovery_s_driver_restart"] = restart.pop("recovery_s_driver_restart")
             out["driver_restart"] = restart
         deliveries.poll()

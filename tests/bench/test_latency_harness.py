@@ -432,6 +432,20 @@ def test_quick_run_reports_every_figure(tmp_path: Path) -> None:
     questions = kill["observed_s"] / 0.5 + 2
     assert 0 < kill["windows_judged"] <= questions * (plan.window_s / 0.5 + 2), kill
     assert kill["producer_cpu_s"] > 0
+    # the host's CPU after each kill, by role: every role of the job is seen, and the
+    # replacement executor (started after the kill) with its JIT compiler threads
+    for k in kills:
+        assert k["replacement_cpu_s"] >= k["replacement_jit_s"] > 0, k
+        assert 0 < k["host_busy_share"] <= 1.05, k
+    used = kill["cpu_to_recovery"]
+    assert used["replacement"]["executors"] == 1, used
+    for role in ("driver", "executors", "executor_python", "emulators", "producer"):
+        assert used["roles"][role]["cpu_s"] > 0, used
+    assert used["roles"]["driver"]["jit_s"] > 0 and used["roles"]["executors"]["jit_s"] > 0
+    assert used["seconds"] <= kill["observed_s"] + latency.CPU_EVERY_S + 1
+    times = [r["t"] for r in kill["cpu_timeline"]]
+    assert times == sorted(times) and len(times) >= kill["observed_s"] / latency.CPU_EVERY_S / 2
+    assert all(0 < r["host_cores"] <= 2.1 for r in kill["cpu_timeline"]), kill["cpu_timeline"]
     # the groups spread over both executors again once the lost one was replaced
     assert kill["group_processes_before"] == kill["group_processes_at_end"] == 2, kill
     assert "driver_restart" not in out and "recovery_s_driver_restart" not in out
