@@ -115,12 +115,16 @@ def take(driver: int, emulators: list[int], producer: int | None = None) -> Snap
     return Snapshot(time.time(), host_busy_seconds(), samples)  # read together
 
 
-def spent(before: Snapshot, after: Snapshot, cpus: int | None = None) -> dict[str, Any]:
+def spent(
+    before: Snapshot, after: Snapshot, cpus: int | None = None, since: Snapshot | None = None
+) -> dict[str, Any]:
     """CPU seconds each role used from `before` to `after`, its JIT compiler threads'
-    apart; the executors that started in between (`replacement`) apart again; and the
-    host's busy share of its `cpus`. A process that ended in between is not counted (its
-    last seconds are lost); one that started in between counts from its start."""
+    apart; the executors not in `since` (default `before`: started in between) apart
+    again, as `replacement`; and the host's busy share of its `cpus`. A process that
+    ended in between is not counted (its last seconds are lost); one that started in
+    between counts from its start."""
     seconds = after.at - before.at
+    since = since or before
     cpus = cpus or len(os.sched_getaffinity(0))
     used = {role: {"cpu_s": 0.0, "jit_s": 0.0} for role in ROLES}
     replacement = {"executors": 0, "cpu_s": 0.0, "jit_s": 0.0}
@@ -131,7 +135,8 @@ def spent(before: Snapshot, after: Snapshot, cpus: int | None = None) -> dict[st
         jit = now.jit_s - (0.0 if new else then.jit_s)  # type: ignore[union-attr]
         used[now.role]["cpu_s"] += cpu
         used[now.role]["jit_s"] += jit
-        if new and now.role == "executors":
+        first = since.procs.get(pid)
+        if now.role == "executors" and (first is None or first.started != now.started):
             replacement["executors"] += 1
             replacement["cpu_s"] += cpu
             replacement["jit_s"] += jit

@@ -269,7 +269,7 @@ def cpu_after_fault(
         end = next((s for s in snapshots if s.at >= fault_at + found), end)
     timeline = []
     for before, after in itertools.pairwise(snapshots):
-        used = cpu_share.spent(before, after)
+        used = cpu_share.spent(before, after, since=first)  # replacement: new since the fault
         seconds = after.at - before.at
         timeline.append({
             "t": round(after.at - fault_at, 1),

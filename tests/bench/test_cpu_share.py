@@ -143,6 +143,11 @@ def test_a_span_counts_new_processes_from_their_start_and_ended_ones_not_at_all(
     assert roles["executor_python"]["cpu_s"] == 1.5
     assert roles["emulators"]["cpu_s"] == 2.0
     assert used["replacement"] == {"executors": 1, "cpu_s": 8.0, "jit_s": 3.0}
+    # a later span of the same replacement, still new against the reading before the fault
+    later = Snapshot(115.0, 70.0, {**after.procs, 5: sample("executors", 10, 4)})
+    again = cpu_share.spent(after, later, cpus=2, since=before)
+    assert again["replacement"] == {"executors": 1, "cpu_s": 2.0, "jit_s": 1.0}
+    assert cpu_share.spent(after, later, cpus=2)["replacement"]["executors"] == 0
 
 
 @given(

@@ -446,6 +446,8 @@ def test_quick_run_reports_every_figure(tmp_path: Path) -> None:
     times = [r["t"] for r in kill["cpu_timeline"]]
     assert times == sorted(times) and len(times) >= kill["observed_s"] / latency.CPU_EVERY_S / 2
     assert all(0 < r["host_cores"] <= 2.1 for r in kill["cpu_timeline"]), kill["cpu_timeline"]
+    # the replacement compiles over several readings, each counted against the fault's
+    assert sum(r["replacement_jit_cores"] > 0 for r in kill["cpu_timeline"]) >= 2
     # the groups spread over both executors again once the lost one was replaced
     assert kill["group_processes_before"] == kill["group_processes_at_end"] == 2, kill
     assert "driver_restart" not in out and "recovery_s_driver_restart" not in out
