@@ -23,17 +23,15 @@ import os
 import signal
 import statistics
 import sys
-import tempfile
 import time
 from importlib.metadata import version
-from pathlib import Path
 from typing import Any
 
+from bench import harness
 from shardless.changelog import durable as durable_module
 from shardless.changelog import resources
 from shardless.changelog.durable import DurableState, SliceCommit
 from shardless.changelog.layout import AppLocation, Head
-from shardless.processor.local import emulators as local_aws
 from shardless.processor.local.faults.fault_proxy import FaultProxy
 from shardless.processor.local.faults.rules import Rule
 
@@ -151,15 +149,10 @@ def _at(endpoint: str, rtt_ms: float, rounds: int, warmup: int) -> dict[str, Any
 def run(rtts_ms: list[float], rounds: int, warmup: int) -> dict[str, Any]:
     """{"dynamodb_commit": {rtt: {size: figures}}, "heads_read": {...}}."""
     out: dict[str, Any] = {"dynamodb_commit": {}, "heads_read": {}}
-    with tempfile.TemporaryDirectory(prefix="shardless-bench-commit-") as tmp:
-        emulators = local_aws.start("kinesalite", log_dir=Path(tmp, "local-aws"))
-        try:
-            emulators.apply_env()
-            for rtt in rtts_ms:
-                for what, sizes in _at(emulators.dynamodb_endpoint, rtt, rounds, warmup).items():
-                    out[what][f"rtt_{rtt:g}ms"] = sizes
-        finally:
-            emulators.stop()
+    with harness.emulated_aws("shardless-bench-commit-") as (_, emulators):
+        for rtt in rtts_ms:
+            for what, sizes in _at(emulators.dynamodb_endpoint, rtt, rounds, warmup).items():
+                out[what][f"rtt_{rtt:g}ms"] = sizes
     return out
 
 

@@ -33,11 +33,11 @@ from typing import Any
 
 import pandas as pd
 
+from bench import harness
 from bench.batch_cost import counter, keys_by_slice, new_app
 from bench.billing import Requests
 from bench.restore import frame
 from shardless.processor.api.handlers import HandlerFactory
-from shardless.processor.local import emulators as local_aws
 from shardless.processor.runtime import stores
 from shardless.processor.runtime.group_runner import GroupRunner, RuntimeConfig
 
@@ -164,14 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--per", type=int, default=4, help="records per slice and batch")
     args = p.parse_args(argv)
-    tmp = tempfile.mkdtemp(prefix="bench-idle-aws-")
-    emulators = local_aws.start("kinesalite", log_dir=Path(tmp, "local-aws"))
-    try:
-        emulators.apply_env()
+    with harness.emulated_aws("bench-idle-aws-"):
         out = measure(args.slices, args.history, args.idle, args.reps, args.per)
-    finally:
-        emulators.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
         print(json.dumps(out, indent=2))
     else:

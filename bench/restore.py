@@ -21,11 +21,8 @@
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import os
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -42,7 +39,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bench import billing, restore_group
+from bench import billing, harness, restore_group
 from bench.batch_cost import (
     batch_cost,
     cost_table,
@@ -64,7 +61,6 @@ from shardless.changelog.restore import identity
 from shardless.changelog.sst import object_size
 from shardless.changelog.transfer_process import TRANSFER_PROCESS_BYTES, transfer_process
 from shardless.processor.api.handlers import HandlerFactory
-from shardless.processor.local import emulators as local_aws
 from shardless.processor.runtime.group_chain import CHAIN_POSITIONS, POSITIONS_PER_SLICE
 from shardless.processor.runtime.group_runner import GroupRunner, RuntimeConfig
 from shardless.processor.runtime.grouping import group_slices
@@ -603,15 +599,11 @@ def main(argv: list[str] | None = None) -> None:
     request_batches = args.request_batches or (17 if args.quick else 100)
     large_batches = args.request_batches_large or (6 if args.quick else 40)
     reps = args.reps or (3 if args.quick else 7)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the emulators on a kill
-
+    harness.quiet()
     out: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="shardless-bench-restore-") as tmp:
-        emulators = local_aws.start("kinesalite", log_dir=Path(tmp, "local-aws"))
+    with harness.emulated_aws("shardless-bench-restore-") as (tmp, _):
         requests = Requests()
         try:
-            emulators.apply_env()
             if "restore" in parts:
                 local = Path(tempfile.mkdtemp(prefix="restore-", dir=args.local_dir or tmp))
                 size = int(slice_mb * 1e6)
@@ -631,7 +623,6 @@ def main(argv: list[str] | None = None) -> None:
                 )
         finally:
             requests.close()
-            emulators.stop()
     out["config"] = {
         "parts": parts,
         "restore": {
@@ -659,16 +650,7 @@ def main(argv: list[str] | None = None) -> None:
         "cpus": len(os.sched_getaffinity(0)),
     }
     out["goals"] = goals(out)
-    if args.json:
-        print(json.dumps(out, indent=2))
-        return
-    for name, value in out.items():
-        if isinstance(value, int | float):
-            print(f"{name:40} {value:>14,.3f}")
-    for name, goal in out["goals"].items():
-        met = "met" if goal["met"] else "NOT met"
-        print(f"goal {name:35} {goal['value']:>14,.3f}  target {goal['target']:,}  {met}")
-    print("config", json.dumps(out["config"]))
+    harness.print_figures(out, args.json)
 
 
 if __name__ == "__main__":

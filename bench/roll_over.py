@@ -23,23 +23,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import signal
 import statistics
-import sys
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from bench import harness
 from bench.batch_cost import counter, keys_by_slice, new_app
 from bench.billing import Requests
 from bench.restore import frame
 from shardless.changelog.chain_reads import all_chains
 from shardless.changelog.durable import DurableState
 from shardless.processor.api.handlers import HandlerFactory
-from shardless.processor.local import emulators as local_aws
 from shardless.processor.runtime import attempt
 from shardless.processor.runtime.group_runner import GroupRunner, RuntimeConfig
 
@@ -150,21 +146,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     length = args.chain_length or (64 if args.quick else 512)
     reps = args.reps or (1 if args.quick else 2)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the emulators on a kill
-    with tempfile.TemporaryDirectory(prefix="shardless-bench-roll-over-") as tmp:
-        emulators = local_aws.start("kinesalite", log_dir=Path(tmp, "local-aws"))
-        try:
-            emulators.apply_env()
-            out = measure(Path(tmp), length=length, reps=reps)
-        finally:
-            emulators.stop()
-    if args.json:
-        print(json.dumps(out, indent=2))
-        return
-    for key, value in out.items():
-        if key not in ("runs", "config"):
-            print(f"{key}: {value}")
+    harness.quiet()
+    with harness.emulated_aws("shardless-bench-roll-over-") as (tmp, _):
+        out = measure(tmp, length=length, reps=reps)
+    harness.print_result(out, args.json)
 
 
 if __name__ == "__main__":

@@ -36,12 +36,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
-import signal
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -52,6 +49,7 @@ from typing import Any
 
 import boto3
 
+from bench import harness
 from shardless.processor.kinesis.put import put_records
 from shardless.processor.kinesis.reader import MIN_CALL_INTERVAL_S
 from shardless.processor.local import emulators as local_aws
@@ -424,22 +422,10 @@ def main(argv: list[str] | None = None) -> None:
         args.efo_records = 3_000 if args.quick else 10_000
     args.records = args.records or (60_000 if args.quick else 200_000)
     args.reps = args.reps or (2 if args.quick else 5)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the emulators on a kill
-
-    with tempfile.TemporaryDirectory(prefix="shardless-bench-source-") as tmp:
-        emulators = local_aws.start("kinesalite", log_dir=Path(tmp, "local-aws"))
-        try:
-            emulators.apply_env()
-            out = bench(args, Path(tmp))
-        finally:
-            emulators.stop()
-    if args.json:
-        print(json.dumps(out, indent=2))
-        return
-    for name, value in out.items():
-        if name not in ("runs", "config"):
-            print(f"{name}: {value}")
+    harness.quiet()
+    with harness.emulated_aws("shardless-bench-source-") as (tmp, _):
+        out = bench(args, tmp)
+    harness.print_result(out, args.json)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import gc
-import json
 import os
 import pstats
 import statistics
@@ -29,6 +28,7 @@ import msgpack
 import numpy as np
 from rocksdict import Options, Rdict, WriteBatch
 
+from bench import harness
 from shardless.processor.api.context import Context, Event, Timer
 from shardless.processor.api.handlers import HandlerFactory
 from shardless.processor.runtime.routing import route
@@ -318,16 +318,7 @@ def main(argv: list[str] | None = None) -> None:
         "numpy": np.__version__,
     }
     out["goals"] = goals(out)
-    if args.json:
-        print(json.dumps(out, indent=2))
-        return
-    for name, value in out.items():
-        if isinstance(value, int | float):
-            print(f"{name:36} {value:>14,.2f}")
-    for name, goal in out["goals"].items():
-        met = "met" if goal["met"] else "NOT met"
-        print(f"goal {name:31} {goal['value']:>14,.2f}  target {goal['target']:,}  {met}")
-    print("config", json.dumps(out["config"]))
+    harness.print_figures(out, args.json, width=36, digits=2)
 
 
 if __name__ == "__main__":
