@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import sys
 import tempfile
@@ -31,17 +30,11 @@ def emulated_aws(prefix: str, kind: str = "kinesalite") -> Iterator[tuple[Path, 
     stopped, the folder removed and the environment as it was."""
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         emulators = local_aws.start(kind, log_dir=Path(tmp, "local-aws"))
-        saved = {name: os.environ.get(name) for name in emulators.env()}
         try:
-            emulators.apply_env()
-            yield Path(tmp), emulators
+            with emulators.env_applied():
+                yield Path(tmp), emulators
         finally:
             emulators.stop()
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
 
 
 def print_result(

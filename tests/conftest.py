@@ -24,15 +24,11 @@ def aws(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_aws.LocalAws
     """moto server (S3, DynamoDB) and kinesalite on loopback, exported through the
     standard AWS_ENDPOINT_URL_* variables for this process and the Spark it starts."""
     started = local_aws.start("kinesalite", log_dir=tmp_path_factory.mktemp("local-aws"))
-    saved = {k: os.environ.get(k) for k in started.env()}
-    started.apply_env()
-    yield started
-    started.stop()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    try:
+        with started.env_applied():
+            yield started
+    finally:
+        started.stop()
 
 
 @pytest.fixture(scope="session")

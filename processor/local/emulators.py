@@ -19,7 +19,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,6 +92,20 @@ class LocalAws:
     def apply_env(self) -> None:
         """Point this process (and children started afterwards) at the emulators."""
         os.environ.update(self.env())
+
+    @contextlib.contextmanager
+    def env_applied(self) -> Iterator[LocalAws]:
+        """`apply_env` for a with block; afterwards the variables are as they were."""
+        saved = {name: os.environ.get(name) for name in self.env()}
+        self.apply_env()
+        try:
+            yield self
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
     def stop(self) -> None:
         """SIGTERM our processes, SIGKILL whatever is left after a grace period; idempotent.

@@ -119,6 +119,20 @@ def test_apply_env_updates_os_environ(local_aws: LocalAws, monkeypatch: pytest.M
     assert {name: os.environ[name] for name in local_aws.env()} == local_aws.env()
 
 
+def test_env_applied_sets_the_variables_for_a_block_and_puts_them_back(
+    local_aws: LocalAws, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    names = sorted(local_aws.env())
+    monkeypatch.setenv(names[0], "before")
+    for name in names[1:]:
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(RuntimeError), local_aws.env_applied():
+        assert {name: os.environ[name] for name in names} == local_aws.env()
+        raise RuntimeError("the block fails: the variables still come back")
+    assert os.environ[names[0]] == "before"
+    assert not any(name in os.environ for name in names[1:])
+
+
 def test_stop_kills_exactly_the_started_pids(local_aws: LocalAws, tmp_path: Path) -> None:
     other = start("kinesalite", log_dir=tmp_path)
     pids = list(other.pids)
