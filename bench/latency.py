@@ -229,11 +229,12 @@ def recovery_phase(
         return found is not None
 
     after = producer.at_rate(rate, plan.recovery_limit_s, stop=recovered)
-    wait_delivered(deliveries, after["ids"], job, plan.drain_timeout_s)
-    recovered(after["ids"])
+    # the last reading as the load ends, so that the readings span what `observed_s` does
     if len(snapshots) > 1 and time.time() - snapshots[-1].at < CPU_EVERY_S / 2:
         snapshots.pop()  # a last reading moments after the one before says little alone
     snapshots.append(cpu_share.take(job.driver.pid, emulators))
+    wait_delivered(deliveries, after["ids"], job, plan.drain_timeout_s)
+    recovered(after["ids"])
     reported(deliveries, job)
     reports = job.reports()[reports_before:]
     post = {i: producer.put_at[i] for i in after["ids"]}
@@ -261,8 +262,8 @@ def cpu_after_fault(
     snapshots: list[cpu_share.Snapshot], fault_at: float, found: float | None
 ) -> dict[str, Any]:
     """Where the host's CPU went from the fault to the recovery (to the first reading at
-    or after it; to the last without one), and, reading by reading, the cores the host,
-    the executors' JIT compilers and the replacement's used."""
+    or after it; without one, to the last, taken as the load ended), and, reading by
+    reading, the cores the host, the executors' JIT compilers and the replacement's used."""
     first = snapshots[0]
     end = snapshots[-1]
     if found is not None:
