@@ -23,17 +23,15 @@ One schedule takes 1.5 to 4.5 minutes on 2 cores (a driver start alone is 30 to 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
-import os
 import signal
 import statistics
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +68,7 @@ def run_harness(
     kinesis = aws.kinesis_client()
     outcomes: list[Outcome] = []
     with (
-        _aws_env(aws),
+        aws.env_applied(),  # the checks (`check.verify`) use default boto3 clients
         FaultProxy(aws.s3_endpoint, seed=seed) as storage,
         FaultProxy(aws.kinesis_endpoint, seed=seed + 1) as kinesis_proxy,
     ):
@@ -91,23 +89,6 @@ def run_harness(
                 so_far = summarize(outcomes, seed, time.monotonic() - started, stalls)
                 partial.write_text(json.dumps(so_far, indent=2) + "\n")
     return summarize(outcomes, seed, time.monotonic() - started, stalls)
-
-
-@contextlib.contextmanager
-def _aws_env(aws: local_aws.LocalAws) -> Iterator[None]:
-    """The emulators' endpoints and dummy credentials in this process's environment while
-    the harness runs: its own checks (`check.verify`: the durable state rebuilt from S3 and
-    DynamoDB) use default boto3 clients, as the job does. Restored afterwards."""
-    saved = {k: os.environ.get(k) for k in aws.env()}
-    aws.apply_env()
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _line(o: Outcome) -> str:
