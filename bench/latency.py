@@ -206,6 +206,7 @@ def recovery_phase(
     reports_before = len(job.reports())
     # read just before the fault: an executor that is not in it is the replacement
     snapshots = [cpu_share.take(job.driver.pid, emulators)]
+    loading = True  # readings are taken while the load goes on, and once as it ends
     fault_at = time.time()
     what = fault()
     found: float | None = None
@@ -217,7 +218,7 @@ def recovery_phase(
         """Asked twice a second while the load goes on: only the records new since the last
         question, and those still in flight, are looked at."""
         nonlocal found, asked
-        if time.time() - snapshots[-1].at >= CPU_EVERY_S:
+        if loading and time.time() - snapshots[-1].at >= CPU_EVERY_S:
             snapshots.append(cpu_share.take(job.driver.pid, emulators))
         deliveries.poll()
         in_flight.update((i, producer.put_at[i]) for i in ids[asked:])
@@ -233,6 +234,7 @@ def recovery_phase(
     if len(snapshots) > 1 and time.time() - snapshots[-1].at < CPU_EVERY_S / 2:
         snapshots.pop()  # a last reading moments after the one before says little alone
     snapshots.append(cpu_share.take(job.driver.pid, emulators))
+    loading = False
     wait_delivered(deliveries, after["ids"], job, plan.drain_timeout_s)
     recovered(after["ids"])
     reported(deliveries, job)
