@@ -42,12 +42,6 @@ class Snapshot:
     procs: dict[int, Sample]
 
 
-def _ticks(stat: str) -> float:
-    """utime + stime of a /proc stat line, in seconds."""
-    fields = stat.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def jit_seconds(pid: int) -> float:
     """CPU seconds so far of the JIT compiler threads of JVM `pid` (0 for any other
     process, or one that is gone). A compiler thread that has exited is not counted;
@@ -60,7 +54,7 @@ def jit_seconds(pid: int) -> float:
     for tid in threads:
         try:
             if Path(f"/proc/{pid}/task/{tid}/comm").read_text().startswith(JIT_THREADS):
-                total += _ticks(Path(f"/proc/{pid}/task/{tid}/stat").read_text())
+                total += procs.stat_cpu_seconds(Path(f"/proc/{pid}/task/{tid}/stat").read_text())
         except (OSError, IndexError, ValueError):
             continue
     return total
@@ -107,7 +101,7 @@ def take(driver: int, emulators: list[int], producer: int | None = None) -> Snap
     samples: dict[int, Sample] = {}
     for pid, (role, p) in roles(driver, emulators, producer or os.getpid()).items():
         try:
-            cpu = _ticks(Path(f"/proc/{pid}/stat").read_text())
+            cpu = procs.stat_cpu_seconds(Path(f"/proc/{pid}/stat").read_text())
         except (OSError, IndexError, ValueError):
             continue
         jit = jit_seconds(pid) if role in ("driver", "executors") and "java" in p.cmdline else 0.0

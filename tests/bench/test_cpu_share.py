@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from bench import cpu_share
 from bench.cpu_share import ROLES, Sample, Snapshot
+from shardless.processor.local.faults import procs
 
 
 def java() -> str:
@@ -52,7 +53,7 @@ def test_a_busy_jvm_s_compiler_threads_are_read_and_no_other_process_has_any(
             assert jvm.poll() is None, "the JVM ended before its compiler threads were seen"
             time.sleep(0.2)
         jit = cpu_share.jit_seconds(jvm.pid)
-        total = cpu_share._ticks(Path(f"/proc/{jvm.pid}/stat").read_text())
+        total = procs.cpu_seconds(jvm.pid)
         assert 0 < jit <= total
     finally:
         jvm.kill()

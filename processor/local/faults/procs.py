@@ -50,9 +50,14 @@ def read(pid: int) -> Proc | None:
 def cpu_seconds(pid: int | None) -> float:
     """User + system CPU time of process `pid` so far, 0 where unknown (gone, or no /proc)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return stat_cpu_seconds(Path(f"/proc/{pid}/stat").read_text())
     except (OSError, IndexError):
         return 0.0
+
+
+def stat_cpu_seconds(stat: str) -> float:
+    """User + system CPU seconds in a /proc `stat` line (a process's or a thread's)."""
+    fields = stat.rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
