@@ -63,6 +63,7 @@ bench: setup $(STAMP_BENCH)
 	$(PY) -m bench.store_reads --json > bench/results/store_reads.json
 	$(PY) -m bench.listener --json > bench/results/listener.json
 	$(PY) -m bench.idle_group --json > bench/results/idle_group.json
+	$(PY) -m bench.remember --json > bench/results/remember.json
 	$(PY) -m bench.cold_start --json > bench/results/cold_start.json
 	$(PY) -m bench.batch_hold --json > bench/results/batch_hold.json
 	$(PY) -m bench.roll_over --json > bench/results/roll_over.json

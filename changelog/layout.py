@@ -237,11 +237,12 @@ class Head:
 TIMERS_UNKNOWN = 0  # a `next_timer` that makes a new checkpoint look at the slice's store
 
 
-_LOG_COMPACT = b"\xc1"  # a byte msgpack never uses: what follows is the compact form
+LOG_COMPACT = b"\xc1"  # a byte msgpack never uses: what follows is the compact form
 _HEX = frozenset("0123456789abcdef")
 
 
-def _uid_bytes(uid: str) -> bytes | None:
+def uid_bytes(uid: str) -> bytes | None:
+    """A uid of 32 hex digits as its 16 bytes; None for any other name."""
     return bytes.fromhex(uid) if len(uid) == 32 and _HEX.issuperset(uid) else None
 
 
@@ -258,7 +259,7 @@ def encode_log(log: tuple[LogEntry, ...] | list[LogEntry]) -> bytes:
     for e in log:
         batches.append(e.batch - last_batch)
         last_batch = e.batch
-        raw = _uid_bytes(e.uid)
+        raw = uid_bytes(e.uid)
         if raw is None:
             uids.append(e.uid)
         elif last_uid is not None and raw[:8] == last_uid[:8]:
@@ -281,12 +282,12 @@ def encode_log(log: tuple[LogEntry, ...] | list[LogEntry]) -> bytes:
         [e.records for e in log],
         queries,
     ]
-    return _LOG_COMPACT + msgpack.packb(columns, use_bin_type=True)
+    return LOG_COMPACT + msgpack.packb(columns, use_bin_type=True)
 
 
 def decode_log(raw: bytes) -> tuple[LogEntry, ...]:
     """Either form: the compact one, or a msgpack list of rows (written before it)."""
-    if not raw.startswith(_LOG_COMPACT):
+    if not raw.startswith(LOG_COMPACT):
         return tuple(LogEntry(*row[:8]) for row in msgpack.unpackb(raw))
     versions, batches, groups, uids, offsets, lengths, records, queries = msgpack.unpackb(
         raw[1:], raw=False

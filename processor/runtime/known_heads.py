@@ -24,7 +24,8 @@ import msgpack
 
 from shardless.changelog.chain import genesis_from_item, genesis_item, link_from_item, link_item
 from shardless.changelog.chain_writes import ChainTip
-from shardless.changelog.layout import Head, decode_log, encode_log, head_from_item, head_item
+from shardless.changelog.layout import Head, decode_log, head_from_item, head_item
+from shardless.changelog.log_encoder import LogEncoder
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,9 @@ class KnownHeads:
         # what it held: a hint unchanged since is not decoded again (128 heads' logs take
         # 10-25 ms a batch)
         self._hints_seen: dict[int, tuple[tuple[int, int, int], Hint]] = {}
+        # slice -> the encoder of its log in hints: a batch changes a log only at its ends,
+        # so each hint encodes what changed, not every log whole (`log_encoder`)
+        self._encoders: dict[int, LogEncoder] = {}
 
     def heads(
         self, group: int, query: str, batch: int, slices: Iterable[int]
@@ -147,13 +151,14 @@ class KnownHeads:
         self._heads.clear()
         self._groups.clear()
         self._hints_seen.clear()
+        self._encoders.clear()
 
     def _write_hint(
         self, group: int, query: str, batch: int, heads: dict[int, Head | None]
     ) -> None:
         # a head read through its chain: its log as read, beside the stored one it is
         # conditional on (`head_item` writes the stored one); other heads hold one log
-        items = {s: _hint_item(h) for s, h in heads.items()}
+        items = {s: self._hint_item(s, h) for s, h in heads.items()}
         tip = self._tips.get(group)
         chain = (
             _tip_item(tip[0]) if tip is not None and (tip[1], tip[2]) == (query, batch) else None
@@ -170,6 +175,16 @@ class KnownHeads:
             self._hints_seen[group] = (_file_key(path.stat()), written)  # type: ignore[index]
         except OSError as exc:
             log.debug("group %s: no hint written: %s", group, exc)
+
+    def _hint_item(self, slice_id: int, head: Head | None) -> dict | list | None:
+        if head is None:
+            return None
+        if not head.chain:
+            return head_item(head)
+        encoder = self._encoders.get(slice_id)
+        if encoder is None:
+            encoder = self._encoders[slice_id] = LogEncoder()
+        return [head_item(head), encoder.encode(head.log)]
 
     def _read_hint(self, group: int) -> Hint | None:
         path = self._hints / f"g{group}.msgpack"
@@ -199,12 +214,6 @@ Hint = tuple[str, int, dict[int, "Head | None"], "ChainTip | None"]
 def _file_key(st: os.stat_result) -> tuple[int, int, int]:
     """A hint file's identity: each write is a new file (`os.replace`)."""
     return (st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def _hint_item(head: Head | None) -> dict | list | None:
-    if head is None:
-        return None
-    return [head_item(head), encode_log(head.log)] if head.chain else head_item(head)
 
 
 def _hint_head(item: dict | list | None) -> Head | None:

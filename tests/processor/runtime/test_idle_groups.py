@@ -184,6 +184,46 @@ def test_a_hint_is_decoded_again_only_when_another_process_rewrote_it(
     assert len(decoded) == len(known)
 
 
+def test_a_hint_carries_each_log_encoding_from_the_batch_before(location, tmp_path, monkeypatch):
+    """Past a group's first batches on its chain, the hint encodes what each batch added to
+    a slice's log instead of every log whole, and writes the bytes `encode_log` writes."""
+    import msgpack
+
+    from shardless.changelog import log_encoder
+    from shardless.changelog.layout import encode_log
+
+    encoded_whole: list[int] = []
+    real = log_encoder.continues
+
+    def counted(old, new):  # noqa: ANN001, ANN202
+        dropped = real(old, new)
+        if dropped is None:
+            encoded_whole.append(1)
+        return dropped
+
+    monkeypatch.setattr(log_encoder, "continues", counted)
+    r = chains(location, tmp_path)
+    cache = stores.cache_for(str(tmp_path), location.app, SLICES)
+
+    def whole() -> int:
+        return len(encoded_whole)
+
+    for b in range(3):
+        r.run(0, "q", b, frame(KEYS[:200], 200 * b))
+    settled = whole()
+    assert 0 < settled <= 2 * SLICES
+    for b in range(3, 8):
+        r.run(0, "q", b, frame(KEYS[:200], 200 * b))
+    assert whole() == settled
+    heads = cache.known.heads(0, "q", 8, range(SLICES))
+    raw = (cache.known._hints / "g0.msgpack").read_bytes()
+    _query, batch, items, _tip = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    written = {int(s): item for s, item in items.items() if item is not None}
+    assert batch == 7 and len(written) == len(heads) > SLICES // 2
+    for s, item in written.items():
+        assert len(heads[s].log) == 8 and item[1] == encode_log(heads[s].log)
+
+
 def test_heads_left_on_a_chain_the_group_rolled_over_from_are_read_afresh(location, tmp_path):
     """After a roll-over, slices not changed since still name the sealed chain: the check
     only vouches for heads on the group's own chain, so these are read again (and the
