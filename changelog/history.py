@@ -1,6 +1,11 @@
 """A slice's history in its head: what a commit keeps of the log and snapshots
 (`next_history`), when a slice is due a snapshot (`snapshot_due`), and the cheapest way to
 bring a store to a version (`plan_restore`). Pure functions of heads.
+
+A log is in version order: every commit keeps the entries below its own version and adds
+its entry after them (`next_history`), and a log read back decodes in the order it was
+written. The two functions a batch calls for every slice rely on it to look at the log's
+ends only.
 """
 
 from __future__ import annotations
@@ -31,6 +36,11 @@ def next_history(
         kept.sort(key=lambda s: s.version)
     kept = kept[-keep_snapshots:] if keep_snapshots > 0 else []
     floor = kept[0].version if kept else 0
+    if log and log[-1].version < entry.version:  # each batch's commit: the log's start cut
+        start = 0
+        while start < len(log) and log[start].version <= floor:
+            start += 1
+        return log[start:] + (entry,), tuple(kept)
     new_log = [e for e in log if floor < e.version < entry.version] + [entry]
     return tuple(new_log), tuple(kept)
 
@@ -105,5 +115,9 @@ def snapshot_due(
     if version - last >= every:
         return True
     since = max(last, 0)
-    tail = sum(e.length for e in head.log if e.version > since) if head else 0
+    tail = 0
+    for e in reversed(head.log if head else ()):  # the entries after the newest snapshot
+        if e.version <= since:
+            break
+        tail += e.length
     return tail >= max_log_bytes

@@ -197,3 +197,65 @@ def test_a_long_log_of_one_writer_takes_about_15_bytes_an_entry():
 @given(st.integers(0, 99_999))
 def test_a_head_items_partition_key_names_its_slice(slice_id: int) -> None:
     assert slice_of_pk(slice_pk(slice_id)) == slice_id
+
+
+def reference_next_history(log, snaps, new, snapshot, keep):  # noqa: ANN001, ANN201
+    """`next_history` as a filter over the whole log (how it was written before it looked
+    at the log's ends only)."""
+    kept = [s for s in snaps if s.version < new.version]
+    if snapshot is not None and snapshot.version < new.version:
+        kept = sorted([s for s in kept if s.version != snapshot.version] + [snapshot],
+                      key=lambda s: s.version)  # fmt: skip
+    kept = kept[-keep:] if keep > 0 else []
+    floor = kept[0].version if kept else 0
+    return tuple(e for e in log if floor < e.version < new.version) + (new,), tuple(kept)
+
+
+def reference_snapshot_due(head, version, slice_id, every, max_log_bytes):  # noqa: ANN001, ANN201
+    if version <= 0 or every <= 0:
+        return False
+    last = head.snaps[-1].version if head and head.snaps else -(slice_id % every)
+    if version <= last:
+        return False
+    if version - last >= every:
+        return True
+    since = max(last, 0)
+    return sum(e.length for e in head.log if e.version > since) >= max_log_bytes
+
+
+ordered_logs = st.lists(
+    st.tuples(st.integers(1, 3), st.integers(0, 50)), max_size=60
+).map(lambda steps: tuple(  # versions rising by 1-3, each entry with its length
+    entry(sum(d for d, _ in steps[: i + 1]), length) for i, (_, length) in enumerate(steps)
+))  # fmt: skip
+snap_lists = st.lists(st.integers(0, 200), max_size=5, unique=True).map(
+    lambda vs: tuple(snap(v) for v in sorted(vs))
+)
+
+
+@settings(max_examples=500)
+@given(
+    ordered_logs, snap_lists, st.integers(1, 200), st.one_of(st.none(), st.integers(0, 200)),
+    st.integers(0, 4),
+)  # fmt: skip
+def test_next_history_keeps_what_the_whole_log_filter_keeps(log, snaps, version, taken, keep):
+    new = LogEntry(version, version, 1, "e" * 32, 0, 5, 1)
+    snapshot = None if taken is None else snap(taken)
+    assert next_history(log, snaps, new, snapshot, keep) == reference_next_history(
+        log, snaps, new, snapshot, keep
+    )
+
+
+@settings(max_examples=500)
+@given(
+    ordered_logs, snap_lists, st.integers(-5, 200), st.integers(0, 40), st.integers(0, 8),
+    st.integers(0, 300),
+)  # fmt: skip
+def test_snapshot_due_counts_what_the_whole_log_sum_counts(
+    log, snaps, version, slice_id, every, max_bytes
+):
+    head = Head(slice_id, log[-1].version if log else 0, "q", 0, log, snaps)
+    for h in (head, None):
+        assert snapshot_due(h, version, slice_id, every, max_bytes) == reference_snapshot_due(
+            h, version, slice_id, every, max_bytes
+        )
