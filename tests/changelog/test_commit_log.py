@@ -220,7 +220,8 @@ def reference_snapshot_due(head, version, slice_id, every, max_log_bytes):  # no
     if version - last >= every:
         return True
     since = max(last, 0)
-    return sum(e.length for e in head.log if e.version > since) >= max_log_bytes
+    tail = sum(e.length for e in head.log if e.version > since) if head else 0
+    return tail >= max_log_bytes
 
 
 ordered_logs = st.lists(
