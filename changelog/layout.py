@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import re
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -309,8 +309,8 @@ def decode_log(raw: bytes) -> tuple[LogEntry, ...]:
             uid = uid.hex()
         else:
             last = b""
-        entry = LogEntry(versions[i], batch, groups[i], uid, offsets[i], lengths[i], records[i])
-        out.append(replace(entry, query=tags[i]) if tags[i] else entry)
+        row = (versions[i], batch, groups[i], uid, offsets[i], lengths[i], records[i], tags[i])
+        out.append(LogEntry(*row))
     return tuple(out)
 
 
