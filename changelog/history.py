@@ -40,7 +40,7 @@ def next_history(
         start = 0
         while start < len(log) and log[start].version <= floor:
             start += 1
-        return log[start:] + (entry,), tuple(kept)
+        return (*log[start:], entry), tuple(kept)
     new_log = [e for e in log if floor < e.version < entry.version] + [entry]
     return tuple(new_log), tuple(kept)
 
