@@ -114,10 +114,14 @@ def snapshot_due(
         return False
     if version - last >= every:
         return True
-    since = max(last, 0)
-    tail = 0
-    for e in reversed(head.log if head else ()):  # the entries after the newest snapshot
-        if e.version <= since:
+    return log_bytes_after(head.log if head else (), max(last, 0)) >= max_log_bytes
+
+
+def log_bytes_after(log: tuple[LogEntry, ...], version: int) -> int:
+    """The bytes of the log's entries above `version`: read from the log's end back."""
+    total = 0
+    for e in reversed(log):
+        if e.version <= version:
             break
-        tail += e.length
-    return tail >= max_log_bytes
+        total += e.length
+    return total

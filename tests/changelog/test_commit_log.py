@@ -11,7 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardless.changelog.history import next_history, plan_restore, snapshot_due
+from shardless.changelog.history import (
+    log_bytes_after,
+    next_history,
+    plan_restore,
+    snapshot_due,
+)
 from shardless.changelog.layout import (
     Head,
     LogEntry,
@@ -211,19 +216,6 @@ def reference_next_history(log, snaps, new, snapshot, keep):  # noqa: ANN001, AN
     return tuple(e for e in log if floor < e.version < new.version) + (new,), tuple(kept)
 
 
-def reference_snapshot_due(head, version, slice_id, every, max_log_bytes):  # noqa: ANN001, ANN201
-    if version <= 0 or every <= 0:
-        return False
-    last = head.snaps[-1].version if head and head.snaps else -(slice_id % every)
-    if version <= last:
-        return False
-    if version - last >= every:
-        return True
-    since = max(last, 0)
-    tail = sum(e.length for e in head.log if e.version > since) if head else 0
-    return tail >= max_log_bytes
-
-
 ordered_logs = st.lists(
     st.tuples(st.integers(1, 3), st.integers(0, 50)), max_size=60
 ).map(lambda steps: tuple(  # versions rising by 1-3, each entry with its length
@@ -248,15 +240,6 @@ def test_next_history_keeps_what_the_whole_log_filter_keeps(log, snaps, version,
 
 
 @settings(max_examples=500)
-@given(
-    ordered_logs, snap_lists, st.integers(-5, 200), st.integers(0, 40), st.integers(0, 8),
-    st.integers(0, 300),
-)  # fmt: skip
-def test_snapshot_due_counts_what_the_whole_log_sum_counts(
-    log, snaps, version, slice_id, every, max_bytes
-):
-    head = Head(slice_id, log[-1].version if log else 0, "q", 0, log, snaps)
-    for h in (head, None):
-        assert snapshot_due(h, version, slice_id, every, max_bytes) == reference_snapshot_due(
-            h, version, slice_id, every, max_bytes
-        )
+@given(ordered_logs, st.integers(-5, 200))
+def test_the_bytes_after_a_version_are_those_the_whole_log_sums(log, version):
+    assert log_bytes_after(log, version) == sum(e.length for e in log if e.version > version)
