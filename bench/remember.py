@@ -16,7 +16,9 @@ then `--batches` more, the two arms taking turns batch by batch on the same grou
 Per arm: the median `remember` step and the median batch, and the logs each arm encoded
 whole (counted; a run in which `carried` encoded a log whole after the history, or `whole`
 did not encode every slice's log in each of its batches, is refused). Ratios are `carried`
-against `whole`, measured in the same run.
+against `whole`, measured in the same run. Also what another worker of the host pays to
+read the hint left at the end (`hint`: every head decoded), against msgpack unpacking the
+same bytes.
 """
 
 from __future__ import annotations
@@ -27,16 +29,20 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import msgpack
 
 from bench import harness
 from bench.idle_group import Group
 from shardless.changelog import log_encoder
 from shardless.changelog.layout import encode_log
 from shardless.processor.runtime import stores
+from shardless.processor.runtime.known_heads import KnownHeads
 
 ARMS = ("carried", "whole")
 
@@ -90,6 +96,7 @@ def measure(slices: int, history: int, batches: int, per: int) -> dict[str, Any]
             runs[arm].append({"remember_s": m["timings"]["remember"], "seconds": m["wall_s"]})
         carried_whole = carried[0]
         log_entries = log_lengths(group)
+        hint = hint_reads(group)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     whole_batches = len(runs["whole"])
@@ -108,6 +115,7 @@ def measure(slices: int, history: int, batches: int, per: int) -> dict[str, Any]
         "log_entries": log_entries,
         "arms": arms,
         "logs_encoded_whole": {"carried": carried_whole, "whole": counted[0]},
+        "hint": hint,
         "remember_carried_over_whole": round(
             arms["carried"]["remember_s"] / arms["whole"]["remember_s"], 3
         ),
@@ -121,6 +129,33 @@ def log_lengths(group: Group) -> dict[str, float]:
     known = stores.cache_for(cfg.local_dir, cfg.location.app, cfg.slices).known
     lengths = [len(e._log) for e in known._encoders.values()]  # noqa: SLF001
     return {"min": min(lengths), "mean": round(statistics.mean(lengths), 1), "max": max(lengths)}
+
+
+def hint_reads(group: Group, reps: int = 7) -> dict[str, Any]:
+    """What another worker of the host pays to read the group's hint as it stands after the
+    run (every head decoded, `KnownHeads`), against msgpack unpacking the same bytes; the
+    medians of `reps`."""
+    cfg = group.runner.config
+    hints = stores.cache_for(cfg.local_dir, cfg.location.app, cfg.slices).known._hints  # noqa: SLF001
+    raw = (hints / "g0.msgpack").read_bytes()
+    decode, unpack, heads = [], [], 0
+    for _ in range(reps):
+        started = time.perf_counter()
+        found = KnownHeads(hints, pid=-1)._read_hint(0)  # noqa: SLF001 - another worker's read
+        decode.append(time.perf_counter() - started)
+        heads = len(found[2]) if found is not None else 0
+        started = time.perf_counter()
+        msgpack.unpackb(raw, raw=False, strict_map_key=False)
+        unpack.append(time.perf_counter() - started)
+    if heads != group.slices:
+        raise RuntimeError(f"the hint read back holds {heads} heads of {group.slices}")
+    return {
+        "bytes": len(raw),
+        "heads": heads,
+        "decode_s": round(statistics.median(decode), 4),
+        "unpack_s": round(statistics.median(unpack), 4),
+        "decode_over_unpack": round(statistics.median(decode) / statistics.median(unpack), 1),
+    }
 
 
 def summary(runs: list[dict[str, float]]) -> dict[str, Any]:
@@ -153,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"remember carried / whole: {out['remember_carried_over_whole']}")
         print(f"batch carried / whole: {out['batch_carried_over_whole']}")
         print(f"log entries: {out['log_entries']}")
+        print(f"hint read by another worker: {out['hint']}")
     return 0
 
 

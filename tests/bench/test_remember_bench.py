@@ -18,6 +18,8 @@ def test_each_arm_encodes_the_logs_its_way(aws):  # noqa: ANN001
     # both switches put back
     assert log_encoder.LogEncoder.encode is encode and log_encoder.continues is continues
     assert all(len(a["remember_s_each"]) == 2 for a in out["arms"].values())
+    # the hint read back as another worker reads it: every slice's head
+    assert out["hint"]["heads"] == 8 and out["hint"]["decode_s"] > 0 < out["hint"]["bytes"]
 
 
 def test_a_carried_arm_that_encodes_logs_whole_is_refused(aws, monkeypatch):  # noqa: ANN001
