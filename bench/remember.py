@@ -24,7 +24,6 @@ same bytes.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import sys
@@ -38,7 +37,7 @@ from typing import Any
 import msgpack
 
 from bench import harness
-from bench.idle_group import Group
+from bench.idle_group import QUERY, Group
 from shardless.changelog import log_encoder
 from shardless.changelog.layout import encode_log
 from shardless.processor.runtime import stores
@@ -95,8 +94,8 @@ def measure(slices: int, history: int, batches: int, per: int) -> dict[str, Any]
                 m = group.run()
             runs[arm].append({"remember_s": m["timings"]["remember"], "seconds": m["wall_s"]})
         carried_whole = carried[0]
-        log_entries = log_lengths(group)
         hint = hint_reads(group)
+        log_entries = hint.pop("log_entries")
     finally:
         shutil.rmtree(root, ignore_errors=True)
     whole_batches = len(runs["whole"])
@@ -123,39 +122,36 @@ def measure(slices: int, history: int, batches: int, per: int) -> dict[str, Any]
     }
 
 
-def log_lengths(group: Group) -> dict[str, float]:
-    """The lengths of the group's slices' logs as its host knows them now."""
-    cfg = group.runner.config
-    known = stores.cache_for(cfg.local_dir, cfg.location.app, cfg.slices).known
-    lengths = [len(e._log) for e in known._encoders.values()]  # noqa: SLF001
-    return {"min": min(lengths), "mean": round(statistics.mean(lengths), 1), "max": max(lengths)}
-
-
 def hint_reads(group: Group, reps: int = 7) -> dict[str, Any]:
-    """What another worker of the host pays to read the group's hint as it stands after the
-    run (every head decoded, `KnownHeads`), against msgpack unpacking the same bytes; the
-    medians of `reps`."""
+    """What another worker of the host pays for the group's heads from its hint as it stands
+    after the run (`KnownHeads.heads` in a process that did not write it: the file read,
+    every head decoded), against msgpack unpacking the same bytes; the medians of `reps`.
+    Also the lengths of the logs in it."""
     cfg = group.runner.config
-    hints = stores.cache_for(cfg.local_dir, cfg.location.app, cfg.slices).known._hints  # noqa: SLF001
+    hints = stores.cache_for(cfg.local_dir, cfg.location.app, cfg.slices).root / "hints"
     raw = (hints / "g0.msgpack").read_bytes()
-    decode, unpack, heads = [], [], 0
+    decode, unpack = [], []
+    heads: dict = {}
     for _ in range(reps):
         started = time.perf_counter()
-        found = KnownHeads(hints, pid=-1)._read_hint(0)  # noqa: SLF001 - another worker's read
+        heads = KnownHeads(hints, pid=-1).heads(0, QUERY, group.batch, range(group.slices))
         decode.append(time.perf_counter() - started)
-        heads = len(found[2]) if found is not None else 0
         started = time.perf_counter()
         msgpack.unpackb(raw, raw=False, strict_map_key=False)
         unpack.append(time.perf_counter() - started)
-    if heads != group.slices:
-        raise RuntimeError(f"the hint read back holds {heads} heads of {group.slices}")
+    if len(heads) != group.slices:
+        raise RuntimeError(f"the hint read back holds {len(heads)} heads of {group.slices}")
+    lengths = [len(h.log) for h in heads.values() if h is not None]
     return {
         "bytes": len(raw),
-        "heads": heads,
+        "heads": len(heads),
         "decode_s": round(statistics.median(decode), 4),
         "unpack_s": round(statistics.median(unpack), 4),
         "decode_over_unpack": round(statistics.median(decode) / statistics.median(unpack), 1),
-    }
+        "log_entries": {
+            "min": min(lengths), "mean": round(statistics.mean(lengths), 1), "max": max(lengths),
+        },
+    }  # fmt: skip
 
 
 def summary(runs: list[dict[str, float]]) -> dict[str, Any]:
@@ -177,18 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     harness.quiet()
     with harness.emulated_aws("bench-remember-aws-"):
         out = measure(args.slices, args.history, args.batches, args.per)
-    if args.json:
-        print(json.dumps(out, indent=2))
-    else:
-        for arm, f in out["arms"].items():
-            print(
-                f"{arm:8s} remember {f['remember_s'] * 1000:7.2f} ms"
-                f"  batch {f['seconds'] * 1000:7.1f} ms"
-            )
-        print(f"remember carried / whole: {out['remember_carried_over_whole']}")
-        print(f"batch carried / whole: {out['batch_carried_over_whole']}")
-        print(f"log entries: {out['log_entries']}")
-        print(f"hint read by another worker: {out['hint']}")
+    harness.print_result(out, args.json)
     return 0
 
 

@@ -33,3 +33,9 @@ def test_a_whole_arm_that_encodes_nothing_is_refused(aws, monkeypatch):  # noqa:
     monkeypatch.setattr(remember, "whole_logs", lambda counted: remember.carried_counted([0]))
     with pytest.raises(RuntimeError, match="arm whole encoded 0 logs"):
         remember.measure(slices=4, history=6, batches=2, per=2)
+
+
+def test_a_hint_read_back_without_every_head_is_refused(aws, monkeypatch):  # noqa: ANN001
+    monkeypatch.setattr(remember, "QUERY", "another-query")  # its hint names another query
+    with pytest.raises(RuntimeError, match="the hint read back holds 0 heads of 4"):
+        remember.measure(slices=4, history=6, batches=2, per=2)
