@@ -20,6 +20,7 @@ LABELS = {
     "transform_with_state_in_pandas": "transformWithStateInPandas",
     "spark_sql_count": "Spark SQL groupBy().count() (JVM)",
     "python_floor": "floor: shardless's plan, a no-op Python function",
+    "rocksdb_floor": "RocksDB floor: the floor keeping the counts in a store per slice",
 }
 COLOURS = {
     "shardless": "#1b9e77",
@@ -29,6 +30,7 @@ COLOURS = {
     "transform_with_state_in_pandas": "#e7298a",
     "spark_sql_count": "#d95f02",
     "python_floor": "#999999",
+    "rocksdb_floor": "#666666",
 }
 
 

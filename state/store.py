@@ -29,7 +29,8 @@ from shardless.state.keys import (
 Change = tuple[bytes, bytes | None]
 
 
-def _options() -> Options:
+def store_options() -> Options:
+    """The RocksDB options of every slice store."""
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
     # A slice store holds a few SST files. RocksDB's default opens them on up to 16 new
@@ -61,7 +62,7 @@ class SliceStore:
         self.identity = dict(identity)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._db = Rdict(str(self.path), _options())
+            self._db = Rdict(str(self.path), store_options())
         except Exception as exc:
             raise CorruptStoreError(f"cannot open local store {self.path}: {exc}") from exc
         found = self._db.get(IDENTITY_KEY)

@@ -114,7 +114,8 @@ def test_harness_runs_and_checks_spark_sql_and_shardless(spark, aws, tmp_path) -
     spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
     moto = aws.pids[0]
     # shardless: 256 slices, as benchmarked; the floor: its plan with a no-op function
-    for contender in ("spark_sql_count", "shardless", "shardless_worker_stores", "python_floor"):
+    contenders = ("spark_sql_count", "shardless", "shardless_worker_stores", "python_floor")
+    for contender in (*contenders, "rocksdb_floor"):
         summary = vs_spark.run(contender, spark, w, 3, tmp_path, moto).summary()
         assert summary["errors"] == [], contender
         assert summary["measured_records"] == 400 and summary["warmup_records"] == 200
@@ -192,11 +193,14 @@ def test_goals_are_judged_for_the_default_and_the_few_slices_contender() -> None
         "transform_with_state_in_pandas": 6_000,
         "spark_sql_count": 100_000,
         "python_floor": 160_000,
+        "rocksdb_floor": 100_000,
     }
     goals = vs_spark.goals({"zipf_1m": rates, "uniform_1m": rates, "small_1k": rates})
     assert goals["zipf_1m_vs_faster_pandas"] == {"target": 12.0, "value": 6.67, "met": False}
     assert goals["uniform_1m_vs_faster_pandas"]["target"] == 10.0  # Zipf's bar is higher
     assert goals["zipf_1m_vs_python_floor"] == {"target": 0.75, "value": 0.5, "met": False}
+    # the same bar with the state store in the floor
+    assert goals["zipf_1m_vs_rocksdb_floor"] == {"target": 0.75, "value": 0.8, "met": True}
     assert goals["uniform_1m_vs_python_floor_few_slices"] == {
         "target": 0.75,
         "value": 0.75,
@@ -329,3 +333,28 @@ def test_hand_overs_count_each_group_that_ran_in_another_process_than_before() -
     ]
     assert vs_spark.handovers(batches) == 3
     assert vs_spark.handovers(batches[2:3]) == 0
+
+
+def test_the_rocksdb_floor_keeps_each_keys_count_in_its_slices_store(tmp_path: Path) -> None:
+    import pandas as pd
+
+    config = argparse.Namespace(local_dir=tmp_path, slices=8)
+    runner = vs_spark.RocksdbFloorRunner(None, config)
+    batches = [
+        [pd.DataFrame({"slice": [3, 3, 5], "partition_key": ["a", "a", "b"]})],
+        [
+            pd.DataFrame({"slice": [3], "partition_key": ["a"]}),
+            pd.DataFrame({"slice": [1, 5], "partition_key": ["c", "b"]}),
+        ],
+    ]
+    seen = []
+    for frames in batches:
+        (out,) = runner(("g",), iter(frames), None)
+        seen.append(json.loads(out.value[0]))
+    assert [m["records"] for m in seen] == [3, 3] and all(m["floor"] for m in seen)
+    assert vs_spark.stored_counts(str(tmp_path), 8) == {"a": 3, "b": 2, "c": 1}
+    stores = vs_spark.floor_stores(str(tmp_path), 8)
+    # each key in its slice's store, and every slice's store opened at the first call
+    assert sorted(bytes(k) for k, _ in stores[3].items()) == [b"a"]
+    assert sorted(bytes(k) for k, _ in stores[1].items()) == [b"c"]
+    assert len(list(tmp_path.glob("rocksdb-floor-p*/s*"))) == 8

@@ -128,7 +128,7 @@ def test_a_store_written_without_filters_reads_the_same_with_them(
 
     path = tmp_path / "slice"
     with monkeypatch.context() as m:
-        m.setattr(store, "_options", rocksdb_defaults)
+        m.setattr(store, "store_options", rocksdb_defaults)
         old = SliceStore(path, IDENTITY)
         old.commit([(data_key(str(i)), str(i).encode()) for i in range(0, 2000, 2)], 1)
         old.checkpoint(tmp_path / "flushed")  # the values now sit in an SST file too
