@@ -285,11 +285,24 @@ class RocksdbFloorRunner(FloorRunner):
     def __call__(
         self, key: tuple, pdfs: Iterator[pd.DataFrame], state: Any
     ) -> Iterator[pd.DataFrame]:
-        from rocksdict import WriteBatch
-
         from shardless.processor.runtime.group_runner import _COLUMNS
+        from shardless.processor.runtime.process import no_cycle_collection
 
         called_at, started = time.time(), time.perf_counter()
+        with no_cycle_collection():  # as shardless's groups run
+            n = self._fold(pdfs)
+        metrics = {
+            "records": n,
+            "seconds": time.perf_counter() - started,
+            "called_at": called_at,
+            "floor": True,
+        }
+        row = ("metrics", -1, 0, 0, "", json.dumps(metrics))
+        yield pd.DataFrame([row], columns=_COLUMNS)
+
+    def _fold(self, pdfs: Iterator[pd.DataFrame]) -> int:
+        from rocksdict import WriteBatch
+
         n, counts = 0, {}
         for p in pdfs:
             n += len(p)
@@ -306,14 +319,7 @@ class RocksdbFloorRunner(FloorRunner):
             for (name, c), old in zip(items, db.get([k for k, _ in items]), strict=True):
                 wb.put(name, msgpack.packb(c if old is None else msgpack.unpackb(old) + c))
             db.write(wb)
-        metrics = {
-            "records": n,
-            "seconds": time.perf_counter() - started,
-            "called_at": called_at,
-            "floor": True,
-        }
-        row = ("metrics", -1, 0, 0, "", json.dumps(metrics))
-        yield pd.DataFrame([row], columns=_COLUMNS)
+        return n
 
 
 # Spark's worker unpickles RocksdbFloorRunner by value (`bench` is not on its path), so a
