@@ -211,9 +211,6 @@ def test_the_readmes_figures_are_the_recorded_benchmarks():
         "`transformWithStateInPandas`": "transform_with_state_in_pandas",
         "Spark SQL `groupBy(key).count()` (JVM, no Python)": "spark_sql_count",
         "floor: the same records carried to a Python function that does nothing": "python_floor",
-        "RocksDB floor: the same, keeping each key's count in a local RocksDB store per slice": (
-            "rocksdb_floor"
-        ),
     }
     workloads = ("uniform_1m", "zipf_1m", "small_1k")
     table = {
