@@ -249,7 +249,7 @@ class FloorRunner:
         from shardless.processor.runtime.group_runner import _COLUMNS
 
         called_at, started = time.time(), time.perf_counter()
-        n = sum(len(p) for p in pdfs)
+        n = self.count(pdfs)
         metrics = {
             "records": n,
             "seconds": time.perf_counter() - started,
@@ -258,6 +258,10 @@ class FloorRunner:
         }
         row = ("metrics", -1, 0, 0, "", json.dumps(metrics))
         yield pd.DataFrame([row], columns=_COLUMNS)
+
+    def count(self, pdfs: Iterator[pd.DataFrame]) -> int:
+        """The group's records, read (Arrow to pandas) and counted."""
+        return sum(len(p) for p in pdfs)
 
 
 class RocksdbFloorRunner(FloorRunner):
@@ -276,23 +280,13 @@ class RocksdbFloorRunner(FloorRunner):
         self.root = str(config.local_dir)
         self.slices = int(config.slices)
 
-    def __call__(
-        self, key: tuple, pdfs: Iterator[pd.DataFrame], state: Any
-    ) -> Iterator[pd.DataFrame]:
-        from shardless.processor.runtime.group_runner import _COLUMNS
+    def count(self, pdfs: Iterator[pd.DataFrame]) -> int:
+        """The records counted per key into the stores, with the cycle collector paused
+        as in shardless's groups."""
         from shardless.processor.runtime.process import no_cycle_collection
 
-        called_at, started = time.time(), time.perf_counter()
-        with no_cycle_collection():  # as shardless's groups run
-            n = self._fold(pdfs)
-        metrics = {
-            "records": n,
-            "seconds": time.perf_counter() - started,
-            "called_at": called_at,
-            "floor": True,
-        }
-        row = ("metrics", -1, 0, 0, "", json.dumps(metrics))
-        yield pd.DataFrame([row], columns=_COLUMNS)
+        with no_cycle_collection():
+            return self._fold(pdfs)
 
     def _fold(self, pdfs: Iterator[pd.DataFrame]) -> int:
         from rocksdict import WriteBatch

@@ -9,6 +9,7 @@ import random
 import string
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -226,12 +227,7 @@ def test_measure_warms_every_contender_up_before_any_measured_run(monkeypatch, t
         r.records, r.seconds = [w.sizes[0]] * batches, [1.0] * batches
         return r
 
-    class Session:
-        def stop(self) -> None:
-            calls.append(("session", "stopped", 0))
-
-    monkeypatch.setattr(vs_spark, "run", fake_run)
-    monkeypatch.setattr(vs_spark, "spark_session", lambda master, groups: Session())
+    without_spark(monkeypatch, fake_run, calls)
     args = argparse.Namespace(
         records=600, batch=300, slow_batches=1, warmup_batches=2, seed=1, groups=2,
         slices=256, few_slices=32, group_owner="process",
@@ -262,12 +258,7 @@ def test_also_batch_reruns_everything_in_the_other_batch_size_and_judges_its_goa
         r.records, r.seconds = [w.sizes[0]] * batches, [w.sizes[0] / rate] * batches
         return r
 
-    class Session:
-        def stop(self) -> None:
-            pass
-
-    monkeypatch.setattr(vs_spark, "run", fake_run)
-    monkeypatch.setattr(vs_spark, "spark_session", lambda master, groups: Session())
+    without_spark(monkeypatch, fake_run)
     args = argparse.Namespace(
         records=1_200, batch=200, also_batch=400, slow_batches=2, warmup_batches=0, seed=1,
         groups=2, slices=256, few_slices=32, group_owner="process", master="local[2]",
@@ -371,12 +362,7 @@ def test_rounds_take_turns_and_report_each_contenders_median_run(monkeypatch, tm
         r.records, r.seconds = [w.sizes[0]] + [rate] * 2, [1.0, 1.0, 1.0]
         return r
 
-    class Session:
-        def stop(self) -> None:
-            pass
-
-    monkeypatch.setattr(vs_spark, "run", fake_run)
-    monkeypatch.setattr(vs_spark, "spark_session", lambda master, groups: Session())
+    without_spark(monkeypatch, fake_run)
     args = argparse.Namespace(
         records=900, batch=300, slow_batches=1, warmup_batches=0, seed=1, groups=2,
         slices=256, few_slices=32, group_owner="process", rounds=3,
@@ -395,3 +381,18 @@ def test_rounds_take_turns_and_report_each_contenders_median_run(monkeypatch, tm
     found = [{"records_per_s": 10}, {"records_per_s": None}, {"records_per_s": 30}]
     assert vs_spark.median_run(found)["records_per_s"] == 10
     assert vs_spark.median_run(found[:1] + found[2:])["records_per_s"] == 10
+
+
+def without_spark(
+    monkeypatch: pytest.MonkeyPatch, fake_run: Any, calls: list | None = None
+) -> None:
+    """`vs_spark.measure` with `fake_run` for its runs and a session that only records its
+    stop in `calls`."""
+
+    class Session:
+        def stop(self) -> None:
+            if calls is not None:
+                calls.append(("session", "stopped", 0))
+
+    monkeypatch.setattr(vs_spark, "run", fake_run)
+    monkeypatch.setattr(vs_spark, "spark_session", lambda master, groups: Session())
