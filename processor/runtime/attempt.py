@@ -371,18 +371,28 @@ class Attempt:
 
 def _start_pack(cfg: RuntimeConfig, due: list[Due]) -> Future[dict[int, tuple[SnapRef, int]]]:
     """Start uploading the checkpoints of `due` as one pack (here, or in the helper
-    process with `snapshot_uploads="helper"`); the checkpoints are removed once it is over."""
+    process with `snapshot_uploads="helper"`). The future returned is done once the upload
+    is over and the checkpoints are removed, in that order: a future's waiters wake before
+    its callbacks run, so removing them in a callback of the upload's own future left them
+    on disk for a while after the batch that waited for it."""
     if cfg.snapshot_uploads == "helper":
-        future = transfer_process().pack(cfg.location, due)
+        upload = transfer_process().pack(cfg.location, due)
     else:
-        future = snapshot_pool().submit(upload_pack, cfg.location, due)
+        upload = snapshot_pool().submit(upload_pack, cfg.location, due)
+    done: Future[dict[int, tuple[SnapRef, int]]] = Future()
 
-    def remove(_: Future) -> None:
+    def remove(finished: Future) -> None:
         for d in due:
             shutil.rmtree(d.checkpoint, ignore_errors=True)
+        if finished.cancelled():
+            done.cancel()
+        elif finished.exception() is not None:
+            done.set_exception(finished.exception())  # type: ignore[arg-type]
+        else:
+            done.set_result(finished.result())
 
-    future.add_done_callback(remove)
-    return future
+    upload.add_done_callback(remove)
+    return done
 
 
 def _plan(s: int, head: Head | None, query: str, batch: int, group: int) -> tuple[int, int, bool]:

@@ -535,6 +535,47 @@ def test_snapshots_upload_where_configured_name_their_batch_and_restore(
     assert outputs(out) == [{"key": "user-1", "n": Counter(KEYS[:120])["user-1"] + 3 * 6 + 1}]
 
 
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_snapshot_pack_is_done_only_once_its_checkpoints_are_removed(
+    location, tmp_path, monkeypatch, fails
+):
+    """A batch that waited for its pack finds its checkpoints gone: a removal that ran after
+    the wait left them on disk while later code, or a test, looked (a glob that met a
+    directory being removed failed with FileNotFoundError)."""
+    import time
+
+    from shardless.changelog.pack import Due
+    from shardless.processor.runtime import attempt
+
+    def upload(loc, due):
+        if fails:
+            raise RuntimeError("S3 is down")
+        return {d.slice: f"ref-{d.slice}" for d in due}
+
+    real = shutil.rmtree
+
+    def slow_rmtree(path, *args, **kw):
+        time.sleep(0.2)  # a removal slower than the waiter's wake-up
+        real(path, *args, **kw)
+
+    monkeypatch.setattr(attempt, "upload_pack", upload)
+    monkeypatch.setattr(attempt.shutil, "rmtree", slow_rmtree)
+    points = [tmp_path / f"snap-{s}" for s in (1, 2)]
+    for point in points:
+        point.mkdir()
+        (point / "CURRENT").write_text("MANIFEST-000001\n")
+    cfg = runner(location, tmp_path, snapshot_uploads="worker").inner.config
+    pack = attempt._start_pack(
+        cfg, [Due(s, 3, p, None) for s, p in zip((1, 2), points, strict=True)]
+    )
+    if fails:
+        with pytest.raises(RuntimeError, match="S3 is down"):
+            pack.result()
+    else:
+        assert pack.result() == {1: "ref-1", 2: "ref-2"}
+    assert not any(p.exists() for p in points)
+
+
 def test_a_snapshot_the_helper_cannot_take_is_left_out_and_the_batch_commits(
     location, tmp_path, helper, monkeypatch, caplog
 ):
