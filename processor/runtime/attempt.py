@@ -382,17 +382,24 @@ def _start_pack(cfg: RuntimeConfig, due: list[Due]) -> Future[dict[int, tuple[Sn
     done: Future[dict[int, tuple[SnapRef, int]]] = Future()
 
     def remove(finished: Future) -> None:
-        for d in due:
-            shutil.rmtree(d.checkpoint, ignore_errors=True)
-        if finished.cancelled():
-            done.cancel()
-        elif finished.exception() is not None:
-            done.set_exception(finished.exception())  # type: ignore[arg-type]
-        else:
-            done.set_result(finished.result())
+        try:
+            for d in due:
+                shutil.rmtree(d.checkpoint, ignore_errors=True)
+        finally:  # whatever the removal meets, the batch waiting for the pack goes on
+            _settle(done, finished)
 
     upload.add_done_callback(remove)
     return done
+
+
+def _settle(done: Future, finished: Future) -> None:
+    """`done` given `finished`'s outcome: its result, its exception, or its cancellation."""
+    if finished.cancelled():
+        done.cancel()
+    elif finished.exception() is not None:
+        done.set_exception(finished.exception())
+    else:
+        done.set_result(finished.result())
 
 
 def _plan(s: int, head: Head | None, query: str, batch: int, group: int) -> tuple[int, int, bool]:

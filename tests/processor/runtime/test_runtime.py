@@ -548,6 +548,7 @@ def test_a_snapshot_pack_is_done_only_once_its_checkpoints_are_removed(
     from shardless.processor.runtime import attempt
 
     def upload(loc, due):
+        time.sleep(0.05)  # still running when `_start_pack` adds its callback
         if fails:
             raise RuntimeError("S3 is down")
         return {d.slice: f"ref-{d.slice}" for d in due}
@@ -574,6 +575,23 @@ def test_a_snapshot_pack_is_done_only_once_its_checkpoints_are_removed(
     else:
         assert pack.result() == {1: "ref-1", 2: "ref-2"}
     assert not any(p.exists() for p in points)
+
+
+def test_a_snapshot_pack_whose_checkpoints_cannot_be_removed_still_ends(
+    location, tmp_path, monkeypatch
+):
+    """The batch waiting for its pack must not wait for ever when the removal fails."""
+    from shardless.changelog.pack import Due
+    from shardless.processor.runtime import attempt
+
+    def broken_rmtree(path, *args, **kw):
+        raise OSError("the disk is gone")
+
+    monkeypatch.setattr(attempt, "upload_pack", lambda loc, due: {d.slice: "ref" for d in due})
+    monkeypatch.setattr(attempt.shutil, "rmtree", broken_rmtree)
+    cfg = runner(location, tmp_path, snapshot_uploads="worker").inner.config
+    pack = attempt._start_pack(cfg, [Due(1, 3, tmp_path / "snap-1", None)])
+    assert pack.result(timeout=10) == {1: "ref"}
 
 
 def test_a_snapshot_the_helper_cannot_take_is_left_out_and_the_batch_commits(
