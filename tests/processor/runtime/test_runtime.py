@@ -647,3 +647,69 @@ def test_the_batch_before_a_snapshot_starts_its_memtable_flush(location, tmp_pat
             assert in_memtable() > 0, f"after batch {b}: flushed with no snapshot due"
     assert len(flushed_before) >= 2
     assert head.snaps and {x.version for x in head.snaps} <= set(flushed_before)
+
+
+def test_local_steps_left_for_after_the_reply_run_later_and_report_with_the_next_batch(
+    location, tmp_path
+):
+    """An owner process replies after the durable commit and applies the batch locally
+    after it (`after_reply`): until then the store is at the version before; once run, the
+    next batch starts from what they left, reads no heads and restores nothing."""
+    from shardless.processor.runtime.stores import cache_for
+
+    r = runner(location, tmp_path)
+    later: list = []
+    out, r.pending = r.inner.run(0, "q", 0, frame(KEYS[:100]), {}, 1_000, after_reply=later)
+    first = metrics_of(out)
+    assert len(later) == 1 and "local_commit" not in first["timings"]
+    assert "after_reply" not in first
+    cache = cache_for(str(tmp_path), location.app, SLICES)
+    assert {store.version for store in cache._open.values()} == {0}  # not applied yet
+    assert durable_counts(location) == Counter(KEYS[:100])  # committed durably already
+    later.pop()()
+    assert {store.version for store in cache._open.values()} == {1}
+    out, r.pending = r.inner.run(
+        0, "q", 1, frame(KEYS[100:], 100), r.pending, 1_000, after_reply=later
+    )
+    second = metrics_of(out)
+    assert second["heads_read"] == 0 and second["restores"] == []
+    assert second["after_reply"]["batch"] == 0
+    assert {"local_commit", "remember"} <= set(second["after_reply"])
+    later.pop()()
+    assert durable_counts(location) == Counter(KEYS)
+    assert metrics_of(r.run(0, "q", 2, frame(["user-1"], 400)))["after_reply"]["batch"] == 1
+
+
+def test_local_steps_that_fail_after_the_reply_leave_the_next_batch_to_catch_up(
+    location, tmp_path, monkeypatch, caplog
+):
+    """The reply went out, so a failure of the local steps cannot fail the batch: it is
+    logged, and the next batch reads its heads afresh and catches the stores the failure
+    left behind up from their changelogs; nothing is lost or counted twice."""
+    from shardless.state.store import SliceStore
+
+    r = runner(location, tmp_path)
+    r.run(0, "q", 0, frame(KEYS[:100]))
+    later: list = []
+    out, r.pending = r.inner.run(
+        0, "q", 1, frame(KEYS[100:200], 100), r.pending, 1_000, after_reply=later
+    )
+    real, applied = SliceStore.commit, []
+
+    def refuses_after_two(self, *a, **k):
+        if len(applied) >= 2:
+            raise OSError("disk full")
+        applied.append(self)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(SliceStore, "commit", refuses_after_two)
+    later.pop()()  # raises nothing: the batch is done
+    monkeypatch.setattr(SliceStore, "commit", real)
+    assert "the local steps after the commit failed" in caplog.text
+    nxt = metrics_of(r.run(0, "q", 2, frame(KEYS[200:], 200)))
+    assert nxt["heads_read"] >= nxt["slices"] and "after_reply" not in nxt
+    behind = [x for x in nxt["restores"] if (x["from_version"], x["to_version"]) == (1, 2)]
+    assert len(behind) >= 1  # the stores the failure left at version 1 caught up
+    assert durable_counts(location) == Counter(KEYS)
+    again = metrics_of(r.run(0, "q", 3, frame(KEYS[:50], 400)))
+    assert again["heads_read"] == 0 and again["restores"] == []
