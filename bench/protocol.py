@@ -8,8 +8,7 @@ few dozen keys, a handler whose per-key state lists the record ids it saw and th
 that fired) and a random sequence of steps (seeded by seed and run) that drive the real
 runtime, driver and tools in this process against moto server over HTTP: task attempts
 (normal, re-run, crashed after the segment PUT / the DynamoDB commit / the local apply,
-replied before their local steps, which then run, fail part-way or never run; speculative
-twins, zombies that resume later), groups left out of a batch as Spark leaves
+speculative twins, zombies that resume later), groups left out of a batch as Spark leaves
 out idle ones, read batches that commit nothing, wiped and moved worker directories, the
 driver's progress records, new queries with COMMITTED and another group count, rollback
 (to a recorded batch, and to one without a record), gc while queries run, and `state
@@ -43,7 +42,6 @@ WEIGHTS = {
     "run": 40,
     "idle": 8,
     "crash": 10,
-    "late": 10,
     "twin": 4,
     "zombie": 3,
     "resume": 6,
@@ -95,8 +93,7 @@ def choose(rng: random.Random, world: World, settings: Settings) -> Step:
     kinds = [k for k in kinds if k != "zombie" or world.zombie is None]
     kinds = [k for k in kinds if k != "resume" or world.zombie is not None]
     if not live:
-        busy = ("run", "late", "idle", "crash", "twin", "zombie", "record")
-        kinds = [k for k in kinds if k not in busy]
+        kinds = [k for k in kinds if k not in ("run", "idle", "crash", "twin", "zombie", "record")]
     if not kinds:
         return ["start", rng.randint(2, 4)]
     kind = rng.choices(kinds, [WEIGHTS[k] for k in kinds])[0]
@@ -114,8 +111,6 @@ def choose(rng: random.Random, world: World, settings: Settings) -> Step:
         return ["run", qi, g, w]
     if kind == "crash":
         return ["run", qi, g, w, rng.choice(["s3", "ddb", "local"])]
-    if kind == "late":
-        return ["late", qi, g, w, rng.choice([None, None, "fail", "die"])]
     if kind == "twin":
         return ["twin", qi, g, w, other]
     if kind == "zombie":

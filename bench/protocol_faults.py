@@ -141,24 +141,3 @@ def stall_commit(arrived: threading.Event, release: threading.Event) -> Iterator
 
     with after_upload(hold):
         yield
-
-
-@contextlib.contextmanager
-def failing_local_apply(after: int = 1) -> Iterator[None]:
-    """Fail this thread's local apply after `after` slices applied: the local steps an owner
-    runs after its reply (`group_runner.finish`) meet a store that refuses its write."""
-    me = threading.current_thread()
-    applied = [0]
-
-    def store_commit(real: Callable) -> Callable:
-        def wrapper(self: Any, *a: Any, **k: Any) -> Any:
-            if threading.current_thread() is me:
-                if applied[0] >= after:
-                    raise OSError("injected: the local store refused the write")
-                applied[0] += 1
-            return real(self, *a, **k)
-
-        return wrapper
-
-    with patched(SliceStore, "commit", store_commit):
-        yield

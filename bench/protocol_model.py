@@ -26,13 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.protocol_app import FAR_MS, T0, Fold, Rec, Spec, frame, now_of, on_timer, process
-from bench.protocol_faults import (
-    Crash,
-    before_first_commit,
-    crash_point,
-    failing_local_apply,
-    stall_commit,
-)
+from bench.protocol_faults import Crash, before_first_commit, crash_point, stall_commit
 from shardless.changelog import aws, gc, lease, resources
 from shardless.changelog import durable as durable_module
 from shardless.changelog.durable import DurableState
@@ -152,18 +146,14 @@ class World:
                 return q
         return None
 
-    def attempt(
-        self, q: Query, g: int, w: int, after_reply: list[Callable[[], None]] | None = None
-    ) -> tuple[list, dict]:
-        """One task attempt of group g of q's current batch on worker w (its local steps
-        appended to `after_reply`, when given, as an owner process leaves them)."""
+    def attempt(self, q: Query, g: int, w: int) -> tuple[list, dict]:
+        """One task attempt of group g of q's current batch on worker w."""
         only = group_slices(g, self.spec.slices, q.groups)
         woken = q.woken if q.batch == 0 else ()
         pdf = frame(self.input[q.cursor], self.spec.slices, only, woken)
         out, pending = self.runner(w).run(
-            g, q.id, q.batch, pdf, dict(q.pending.get(g, {})), now_of(q.cursor),
-            after_reply=after_reply,
-        )  # fmt: skip
+            g, q.id, q.batch, pdf, dict(q.pending.get(g, {})), now_of(q.cursor)
+        )
         rows = out[out.kind == "out"]
         outs = sorted(zip(rows.key.tolist(), rows.value.tolist(), strict=True))
         return outs, pending
@@ -249,28 +239,6 @@ class World:
             return self.refuse(exc)
         self.settle(q, g, outs, pending)
         return "ok" if crash is None else "ok (nothing to commit: no crash point reached)"
-
-    def do_late(self, qi: int, g: int, w: int, fault: str | None = None) -> str:
-        """An attempt as an owner process runs it: the reply (Spark has the outputs) before
-        the local steps (`Attempt.finish`), which then run, fail part-way (`fault` "fail":
-        logged, the next batch starts afresh), or never run (`fault` "die": the owner dies
-        after its reply)."""
-        q = self.live(qi)
-        if q is None or g >= q.groups or self.busy(w):
-            return "skip"
-        later: list[Callable[[], None]] = []
-        try:
-            outs, pending = self.attempt(q, g, w, later)
-        except REFUSALS as exc:
-            return self.refuse(exc)
-        self.settle(q, g, outs, pending)
-        if fault == "die":
-            self.kill(w)
-            return "ok; the owner died before its local steps"
-        with failing_local_apply() if fault == "fail" else contextlib.nullcontext():
-            for step in later:
-                step()
-        return "ok" if fault is None else "ok; its local steps failed part-way"
 
     def idle(self, q: Query, g: int) -> bool:
         """Whether Spark would leave group g out of q's current batch: no records for it,

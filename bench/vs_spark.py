@@ -543,8 +543,6 @@ def run(
                     "transactions": sum(m.get("transactions", 0) for m in metrics),
                     "attempts": [m.get("attempts", 1) for m in metrics],
                     "timings": [m.get("timings", {}) for m in metrics],
-                    # with owner processes: the batch before's local steps, run after its reply
-                    "after_reply": [m.get("after_reply", {}) for m in metrics],
                     "called_at": [m.get("called_at") for m in metrics],
                     "pids": [m.get("pid") for m in metrics],
                     "group_ids": [m.get("group") for m in metrics],

@@ -4,8 +4,7 @@ Read the heads (from this host's memory of the previous batch when it ran the gr
 from DynamoDB); bring each slice's store to the version it starts from; take the due
 snapshots' checkpoints; run each slice's records and due timers with writes buffered;
 write dead letters; wait for the snapshots; commit durably (one S3 segment and DynamoDB
-transactions conditional on the heads read); only then apply locally and remember the heads
-(`finish`: an owner process runs it after its reply, so that Spark goes on meanwhile).
+transactions conditional on the heads read); only then apply locally; remember the heads.
 A commit lost to a stale head this host remembered raises `StaleHeads`, and the runner
 tries once more from heads read afresh.
 """
@@ -116,11 +115,7 @@ class Attempt:
         self.tip: ChainTip | None = None  # the group's chain, with commit_format "chains"
         self._clock = time.perf_counter()
 
-    def run(
-        self, trust_known: bool = True, finish_later: bool = False
-    ) -> tuple[list[tuple], dict[str, Any], Pending]:
-        """The batch's steps up to its durable commit, and with `finish_later` False the local
-        ones too; its output rows, metrics and pending timers."""
+    def run(self, trust_known: bool = True) -> tuple[list[tuple], dict[str, Any], Pending]:
         self.read_heads(trust_known)
         if self.cfg.commit_format == "chains":
             self.join_chain(trust_known)
@@ -130,8 +125,8 @@ class Attempt:
         self.write_dead_letters()
         self.attach_snapshots()
         self.commit_durably()
-        if not finish_later:
-            self.finish()
+        self.commit_locally()
+        self.remember()
         self.metrics["committed_slices"] = len(self.commits)
         self.metrics["outputs"] = len(self.rows)
         return self.rows, self.metrics, self.pending
@@ -350,15 +345,6 @@ class Attempt:
         return commit_link(
             self.durable, self.query, self.batch, tip, self.commits, self.uploads_since
         )
-
-    def finish(self) -> None:
-        """The steps after the durable commit, which only this host's next batch of the group
-        needs: the local stores brought to the committed versions, and the heads remembered.
-        Until they run, the next batch here waits; if they fail, it reads the heads afresh and
-        catches each store up from its changelog."""
-        self._clock = time.perf_counter()
-        self.commit_locally()
-        self.remember()
 
     def commit_locally(self) -> None:
         """The committed changes applied to the local stores, with their undo records."""

@@ -5,8 +5,7 @@ For every slice with records or due timers: bring the local store to the committ
 version, run the slice's records in stream order and then its due timers with writes
 buffered, then commit all changed slices durably (one S3 object and one DynamoDB
 transaction per 100 slices) and only then locally. Outputs are yielded after the durable
-commit, so nothing is released that a restore could not reproduce. An owner process runs
-the local steps after its reply (`after_reply`, `finish`): only its next batch needs them.
+commit, so nothing is released that a restore could not reproduce.
 
 Heads come from what this host already knows when it ran the group the batch before
 (`KnownHeads.heads`), else from DynamoDB. The commit is conditional on exactly those
@@ -35,7 +34,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pandas as pd
@@ -49,7 +48,7 @@ from shardless.processor.runtime.owner import BatchCall
 from shardless.processor.runtime.owner import call as owner_call
 from shardless.processor.runtime.process import no_cycle_collection, profiled
 from shardless.processor.runtime.records import GroupInput, prepare
-from shardless.processor.runtime.stores import StoreCache, cache_for
+from shardless.processor.runtime.stores import cache_for
 
 __all__ = ["GroupRunner", "RuntimeConfig", "OUTPUT_SCHEMA", "STATE_SCHEMA", "wake_after_ms"]
 
@@ -135,11 +134,8 @@ class GroupRunner:
         now_ms: int | None = None,
         watermark_ms: int = -1,
         timings: dict[str, float] | None = None,
-        after_reply: list[Callable[[], None]] | None = None,
     ) -> tuple[pd.DataFrame, Pending]:
-        """Process one group's batch; return its output rows and its pending timers. With
-        `after_reply`, the batch's local steps (`Attempt.finish`) are appended to it instead
-        of run: its caller runs them once the rows are on their way."""
+        """Process one group's batch; return its output rows and its pending timers."""
         started = time.perf_counter()
         cfg = self.config
         took = dict(timings or {})
@@ -154,57 +150,27 @@ class GroupRunner:
             transfer_process_bytes=cfg.transfer_process_bytes,
         )
         args = (cfg, self.handlers, group, query, batch, data, pending, now_ms, watermark_ms)
-        later = after_reply is not None
         try:
             try:
-                attempt = Attempt(*args, cache, durable, took)
-                rows, metrics, pending_out = attempt.run(finish_later=later)
+                rows, metrics, pending_out = Attempt(*args, cache, durable, took).run()
             except StaleHeads:
                 cache.known.forget(group)
                 took = {k: v for k, v in took.items() if k in ("input", "prepare", "called_at")}
                 attempt = Attempt(*args, cache, durable, took)
                 try:
-                    rows, metrics, pending_out = attempt.run(trust_known=False, finish_later=later)
+                    rows, metrics, pending_out = attempt.run(trust_known=False)
                 except StaleHeads as again:  # lost even on fresh heads: a real conflict
                     raise conflict(again) from None
                 metrics["attempts"] = 2
         except BaseException:
             cache.known.forget(group)
             raise
-        finished = cache.finished.pop(group, None)
-        if finished is not None:
-            metrics["after_reply"] = finished
-        if after_reply is not None:
-            after_reply.append(lambda: finish(attempt, cache))
         metrics["seconds"] = time.perf_counter() - started
         metrics["pid"] = os.getpid()
         metrics["called_at"] = round(took.pop("called_at", time.time() - metrics["seconds"]), 3)
         metrics["timings"] = {k: round(v, 4) for k, v in took.items()}
         rows.append(("metrics", -1, batch, 0, "", dumps(metrics)))
         return pd.DataFrame(rows, columns=_COLUMNS), pending_out
-
-
-def finish(attempt: Attempt, cache: StoreCache) -> None:
-    """`attempt`'s local steps, after its reply; their seconds go with the group's next
-    batch on this host (`after_reply` in its metrics). A failure is logged, not raised:
-    the batch is committed, and the next one reads its heads afresh and catches the stores
-    up from their changelogs."""
-    took: dict[str, float] = {}
-    attempt.took = took
-    try:
-        attempt.finish()
-    except Exception:  # noqa: BLE001 - the batch is done; the next one starts afresh
-        cache.known.forget(attempt.group)
-        log.exception(
-            "group %s batch %s: the local steps after the commit failed; the next batch "
-            "reads its heads afresh and catches its stores up",
-            attempt.group, attempt.batch,
-        )  # fmt: skip
-        return
-    cache.finished[attempt.group] = {
-        "batch": attempt.batch,
-        **{k: round(v, 4) for k, v in took.items()},
-    }
 
 
 def wake_after_ms(pending: Pending, now_ms: int, timer_poll_ms: int = 0) -> int:

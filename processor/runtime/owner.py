@@ -11,11 +11,9 @@ The worker finds the owner at an abstract Unix socket named for the local direct
 and the group (Linux; nothing on disk to go stale). If none answers, it starts one, `python -m
 shardless.processor.runtime.owner`, with its own environment and `sys.path`; when two workers start
 one at once, the second cannot bind the name and exits, and both talk to the first. An owner runs
-one batch at a time, in the order the calls arrive. It replies once the batch is committed
-durably, and then applies it to its local stores (`Attempt.finish`) while Spark goes on: the
-next call waits for that, as it waits for any batch before it. It exits after
-`--owner-idle-seconds` without a call, or within a second of its watched process (the Python
-worker's parent: PySpark's daemon, which lives as long as the executor) going away.
+one batch at a time, in the order the calls arrive. It exits after `--owner-idle-seconds` without a
+call, or within a second of its watched process (the Python worker's parent: PySpark's daemon, which
+lives as long as the executor) going away.
 
 Nothing about correctness depends on it: the owner runs the same `GroupRunner.run` with
 the same conditional commits. If it dies during a batch the task fails, Spark runs the
@@ -37,7 +35,6 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -325,7 +322,6 @@ def _serve(conn: socket.socket, runners: dict[bytes, Any]) -> bool:
         _send(conn, ("ok", os.getpid(), ""))
         return kind != "stop"
     digest, blob, bc, sent_at = payload
-    after_reply: list[Callable[[], None]] = []
     _send(conn, ("accepted", os.getpid(), ""))
     waited = time.time() - sent_at
     runner = runners.get(digest)
@@ -339,24 +335,18 @@ def _serve(conn: socket.socket, runners: dict[bytes, Any]) -> bool:
         with profiled(bc.group, bc.batch), no_cycle_collection():
             value = runner.run(
                 bc.group, bc.query, bc.batch, bc.pdf, bc.pending, bc.now_ms, bc.watermark_ms,
-                timings, after_reply,
+                timings,
             )  # fmt: skip
         reply: tuple[str, Any, str] = ("ok", value, "")
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the worker
         log.exception("group %s batch %s failed", bc.group, bc.batch)
         reply = _reply_error(exc)
-        after_reply.clear()
     try:
         _send(conn, reply)
     except OSError as exc:  # the worker is gone: its task fails and Spark runs it again
         log.warning(
             "group %s batch %s: the worker left before the result: %s", bc.group, bc.batch, exc
         )
-    # The batch is committed durably: its local steps can wait until Spark has its rows. The
-    # next call waits for them (this loop accepts it only after), the worker meanwhile idle.
-    with no_cycle_collection():
-        for step in after_reply:
-            step()
     return True
 
 

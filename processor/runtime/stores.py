@@ -74,9 +74,6 @@ class StoreCache:
         self.known = KnownHeads(self.root / "hints", self.pid)
         self.owner = f"{owner_name()}:{uuid.uuid4().hex[:8]}"
         self.segments = self.root / "segments"
-        # a group's local steps run after its last reply (`group_runner.finish`): their
-        # seconds, for its next batch's metrics
-        self.finished: dict[int, dict[str, float]] = {}
 
     def _path(self, slice_id: int, owner: Path | None = None) -> Path:
         return (owner or self.own) / f"slice-{slice_id:05d}"

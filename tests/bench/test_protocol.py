@@ -102,31 +102,6 @@ def test_the_oracle_catches_heads_trusted_across_a_gap_unchecked(aws, monkeypatc
     assert found is not None and found.invariant == "outputs", found
 
 
-def test_the_oracle_catches_outputs_released_before_the_durable_commit(aws, monkeypatch):
-    """An owner that replied before its batch's durable commit, then died, released outputs
-    that no state holds: a step of kind `late` that dies after its reply finds it."""
-    steps = [["start", 2], ["late", 0, 0, 0, "die"], ["run", 0, 1, 0], ["record", 0]]
-    assert run_once(1, 0, settings(), steps).violation is None
-    real_run, real_finish = attempt.Attempt.run, attempt.Attempt.finish
-
-    def run(self, trust_known=True, finish_later=False):  # noqa: ANN001, ANN202
-        if not finish_later:
-            return real_run(self, trust_known)
-        self.commit_durably = lambda: None  # left for after the reply, with the local steps
-        return real_run(self, trust_known, finish_later)
-
-    def finish(self) -> None:  # noqa: ANN001
-        if self.done is None:
-            del self.commit_durably
-            self.commit_durably()
-        real_finish(self)
-
-    monkeypatch.setattr(attempt.Attempt, "run", run)
-    monkeypatch.setattr(attempt.Attempt, "finish", finish)
-    found = run_once(1, 0, settings(), steps).violation
-    assert found is not None and found.invariant == "accepted_lost", found
-
-
 @pytest.mark.parametrize(
     "seed, run, steps",
     [
