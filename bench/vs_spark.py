@@ -738,7 +738,7 @@ def measure(
             data = tmp / f"data-{uuid.uuid4().hex[:6]}"
             w = build(name, dist, keys, args.records, args.batch, args.seed + i, data)
             rounds: dict[str, list[dict[str, Any]]] = {c: [] for c in contenders}
-            for r in range(getattr(args, "rounds", 1)):
+            for r in range(args.rounds):
                 for contender in contenders:
                     slow = contender in PANDAS and keys > 10_000
                     batches = min(total, args.slow_batches) if slow else total

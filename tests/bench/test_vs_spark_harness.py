@@ -230,7 +230,7 @@ def test_measure_warms_every_contender_up_before_any_measured_run(monkeypatch, t
     without_spark(monkeypatch, fake_run, calls)
     args = argparse.Namespace(
         records=600, batch=300, slow_batches=1, warmup_batches=2, seed=1, groups=2,
-        slices=256, few_slices=32, group_owner="process",
+        slices=256, few_slices=32, group_owner="process", rounds=1,
     )  # fmt: skip
     contenders = ["shardless", "spark_sql_count"]
     _, runs = vs_spark.measure("local[2]", args, contenders, ["small_1k"], tmp_path, None)
@@ -262,6 +262,7 @@ def test_also_batch_reruns_everything_in_the_other_batch_size_and_judges_its_goa
     args = argparse.Namespace(
         records=1_200, batch=200, also_batch=400, slow_batches=2, warmup_batches=0, seed=1,
         groups=2, slices=256, few_slices=32, group_owner="process", master="local[2]",
+        rounds=1,
     )  # fmt: skip
     contenders = ["shardless", "apply_in_pandas_with_state"]
     again = vs_spark.also_batch(args, contenders, ["zipf_1m"], tmp_path, None)
