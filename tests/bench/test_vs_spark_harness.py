@@ -228,10 +228,7 @@ def test_measure_warms_every_contender_up_before_any_measured_run(monkeypatch, t
         return r
 
     without_spark(monkeypatch, fake_run, calls)
-    args = argparse.Namespace(
-        records=600, batch=300, slow_batches=1, warmup_batches=2, seed=1, groups=2,
-        slices=256, few_slices=32, group_owner="process", rounds=1,
-    )  # fmt: skip
+    args = measure_args(records=600, warmup_batches=2)
     contenders = ["shardless", "spark_sql_count"]
     _, runs = vs_spark.measure("local[2]", args, contenders, ["small_1k"], tmp_path, None)
     assert calls == [
@@ -364,10 +361,7 @@ def test_rounds_take_turns_and_report_each_contenders_median_run(monkeypatch, tm
         return r
 
     without_spark(monkeypatch, fake_run)
-    args = argparse.Namespace(
-        records=900, batch=300, slow_batches=1, warmup_batches=0, seed=1, groups=2,
-        slices=256, few_slices=32, group_owner="process", rounds=3,
-    )  # fmt: skip
+    args = measure_args(records=900, rounds=3)
     contenders = ["shardless", "python_floor"]
     rates_by, runs = vs_spark.measure("local[2]", args, contenders, ["small_1k"], tmp_path, None)
     assert calls == [("small_1k", c) for c in contenders] * 3
@@ -382,6 +376,16 @@ def test_rounds_take_turns_and_report_each_contenders_median_run(monkeypatch, tm
     found = [{"records_per_s": 10}, {"records_per_s": None}, {"records_per_s": 30}]
     assert vs_spark.median_run(found)["records_per_s"] == 10
     assert vs_spark.median_run(found[:1] + found[2:])["records_per_s"] == 10
+
+
+def measure_args(**given: Any) -> argparse.Namespace:
+    """`vs_spark.measure`'s arguments for a small run: batches of 300 records, one slow batch,
+    no warm-up and one round unless `given` says otherwise."""
+    defaults = dict(
+        records=600, batch=300, slow_batches=1, warmup_batches=0, seed=1, groups=2,
+        slices=256, few_slices=32, group_owner="process", rounds=1,
+    )  # fmt: skip
+    return argparse.Namespace(**{**defaults, **given})
 
 
 def without_spark(
