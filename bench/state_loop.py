@@ -276,11 +276,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--batch", type=int, default=100_000, help="records per micro-batch")
-    parser.add_argument("--timers", type=int, default=200_000)
+    parser.add_argument("--timers", type=int, default=200_000, help="0: no timer figures")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--profile", choices=["zipf", "uniform"], help="only cProfile to stderr")
     parser.add_argument("--cpu", type=int, help="pin to this CPU (RocksDB's threads included)")
     args = parser.parse_args(argv)
+    for name in ("keys", "batch"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be 1 or more, not {getattr(args, name)}")
+    if args.records < 2:
+        parser.error(f"--records must be 2 or more (a warm-up batch, then one), not {args.records}")
+    if args.timers < 0:
+        parser.error(f"--timers must be 0 (none) or more, not {args.timers}")
     size = max(1, min(args.batch, args.records // 2))  # at least one batch after the warm-up
     if args.cpu is not None:  # the loop is one thread either way; this also pins RocksDB's
         os.sched_setaffinity(0, {args.cpu})
@@ -300,7 +307,8 @@ def main(argv: list[str] | None = None) -> None:
                 return profile(batches, Path(tmp, "profile"))
             workload(dist, batches, tmp, out)
             del batches
-        out |= timer_bench(args.timers, Path(tmp, "timers"))
+        if args.timers:
+            out |= timer_bench(args.timers, Path(tmp, "timers"))
     out["config"] = {
         "records": args.records,
         "keys": args.keys,
