@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from bench import chart, vs_spark
+from bench import chart, vs_spark, vs_spark_contenders, vs_spark_run, vs_spark_workload
 from shardless.processor.api.handlers import HandlerFactory
 from shardless.processor.driver.config import JobConfig
 from shardless.processor.driver.job import (
@@ -28,7 +28,7 @@ from shardless.processor.runtime.routing import route, slice_column
 
 
 def test_workload_files_and_expected_counts_match_a_python_fold(tmp_path: Path) -> None:
-    w = vs_spark.build("zipf", "zipf", 500, 2_500, 1_000, 7, tmp_path)
+    w = vs_spark_workload.build("zipf", "zipf", 500, 2_500, 1_000, 7, tmp_path)
     assert w.sizes == [1_000, 1_000, 500]
     folded: Counter[str] = Counter()
     seqs: list[int] = []
@@ -62,9 +62,9 @@ def emit_count(event, ctx) -> None:
 
 @pytest.mark.slow
 def test_file_fed_outputs_count_each_key_in_stream_order(spark, location, tmp_path) -> None:
-    w = vs_spark.build("small", "uniform", 40, 900, 300, 1, tmp_path / "data")
+    w = vs_spark_workload.build("small", "uniform", 40, 900, 300, 1, tmp_path / "data")
     src = (
-        spark.readStream.schema(vs_spark.SOURCE_SCHEMA)
+        spark.readStream.schema(vs_spark_workload.SOURCE_SCHEMA)
         .option("maxFilesPerTrigger", 1)
         .parquet(str(w.root / "all"))
     )
@@ -73,10 +73,10 @@ def test_file_fed_outputs_count_each_key_in_stream_order(spark, location, tmp_pa
                     groups=groups, local_dir=str(tmp_path / "stores"))  # fmt: skip
     partitions, _ = partitions_for(spark, cfg)
     owner = group_owner_for(spark, cfg).owner
-    runner = vs_spark.FileFedRunner(
+    runner = vs_spark_contenders.FileFedRunner(
         HandlerFactory(emit_count), runtime_config(cfg, partitions, owner)
     )
-    records = vs_spark.as_records(src, 16)
+    records = vs_spark_contenders.as_records(src, 16)
     columns = tuple(c for c in RECORD_COLUMNS if c in records.columns)
     df = group_plan(records, cfg, partitions, runner, columns)
     seen: dict[int, list[tuple[str, int]]] = {}
@@ -111,13 +111,13 @@ def test_file_fed_outputs_count_each_key_in_stream_order(spark, location, tmp_pa
 
 @pytest.mark.slow
 def test_harness_runs_and_checks_spark_sql_and_shardless(spark, aws, tmp_path) -> None:
-    w = vs_spark.build("tiny", "uniform", 50, 600, 200, 2, tmp_path / "data")
+    w = vs_spark_workload.build("tiny", "uniform", 50, 600, 200, 2, tmp_path / "data")
     spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
     moto = aws.pids[0]
     # shardless: 256 slices, as benchmarked; the floor: its plan with a no-op function
     contenders = ("spark_sql_count", "shardless", "shardless_worker_stores", "python_floor")
     for contender in (*contenders, "rocksdb_floor"):
-        summary = vs_spark.run(contender, spark, w, 3, tmp_path, moto).summary()
+        summary = vs_spark_run.run(contender, spark, w, 3, tmp_path, moto).summary()
         assert summary["errors"] == [], contender
         assert summary["measured_records"] == 400 and summary["warmup_records"] == 200
         assert summary["records_per_s"] > 0
@@ -133,7 +133,7 @@ def test_the_floor_runner_counts_its_input_and_keeps_no_state() -> None:
     from shardless.processor.runtime.group_runner import _COLUMNS
 
     frames = [pd.DataFrame({"partition_key": ["a", "b"]}), pd.DataFrame({"partition_key": ["c"]})]
-    (out,) = vs_spark.FloorRunner(None, None)(("g",), iter(frames), None)
+    (out,) = vs_spark_contenders.FloorRunner(None, None)(("g",), iter(frames), None)
     assert list(out.columns) == _COLUMNS and list(out.kind) == ["metrics"]
     metrics = json.loads(out.value[0])
     assert metrics["records"] == 3 and metrics["floor"] is True
@@ -145,7 +145,7 @@ def test_a_groups_return_in_the_timeline_counts_its_input_and_the_trip_to_its_ow
 
     start = datetime(2026, 11, 25, tzinfo=UTC)
     t0 = start.timestamp()
-    run = vs_spark.Run("shardless", records=[100], seconds=[1.0], started=[start])
+    run = vs_spark_run.Run("shardless", records=[100], seconds=[1.0], started=[start])
     run.groups.append(
         {
             "called_at": [t0 + 0.2, t0 + 0.25],
@@ -154,7 +154,7 @@ def test_a_groups_return_in_the_timeline_counts_its_input_and_the_trip_to_its_ow
             "timings": [{"input": 0.02, "owner_request": 0.03}, {"input": 0.01}],
         }
     )
-    floor = vs_spark.Run("python_floor", records=[100, 100], seconds=[0.5, 0.5])
+    floor = vs_spark_run.Run("python_floor", records=[100, 100], seconds=[0.5, 0.5])
     floor.started = [start, start]
     floor.groups.append({"called_at": [t0 + 0.2], "group_s": [0.1]})  # from its call on
     # a group without a call time is left out, not paired with another group's seconds
@@ -172,7 +172,11 @@ def test_every_contender_warms_the_session_up_unmeasured_before_the_first_run(
 ) -> None:
     spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
     args = argparse.Namespace(
-        warmup_batches=2, batch=300, seed=5, slices=vs_spark.SLICES, group_owner="process"
+        warmup_batches=2,
+        batch=300,
+        seed=5,
+        slices=vs_spark_contenders.SLICES,
+        group_owner="process",
     )
     contenders = ["spark_sql_count", "shardless", "python_floor"]
     warm = vs_spark.warm_up(spark, args, contenders, tmp_path, aws.pids[0])
@@ -213,7 +217,13 @@ def test_goals_are_judged_for_the_default_and_the_few_slices_contender() -> None
     }
     assert not any(k.startswith("small_1k") for k in goals)  # goals are for 1M keys only
     args = argparse.Namespace(slices=256, few_slices=32)
-    assert [vs_spark.slices_of(c, args) for c in vs_spark.SHARDLESS] == [256, 256, 32, 256, 256]
+    assert [vs_spark.slices_of(c, args) for c in vs_spark_contenders.SHARDLESS] == [
+        256,
+        256,
+        32,
+        256,
+        256,
+    ]
 
 
 def test_measure_warms_every_contender_up_before_any_measured_run(monkeypatch, tmp_path) -> None:
@@ -223,7 +233,7 @@ def test_measure_warms_every_contender_up_before_any_measured_run(monkeypatch, t
 
     def fake_run(contender, spark, w, batches, *rest):
         calls.append((w.name, contender, batches))
-        r = vs_spark.Run(contender)
+        r = vs_spark_run.Run(contender)
         r.records, r.seconds = [w.sizes[0]] * batches, [1.0] * batches
         return r
 
@@ -250,7 +260,7 @@ def test_also_batch_reruns_everything_in_the_other_batch_size_and_judges_its_goa
 
     def fake_run(contender, spark, w, batches, *rest):
         calls.append((w.name, contender, batches, w.sizes[0]))
-        r = vs_spark.Run(contender)
+        r = vs_spark_run.Run(contender)
         rate = {"shardless": 110_000, "apply_in_pandas_with_state": 10_000}.get(contender, 1)
         r.records, r.seconds = [w.sizes[0]] * batches, [w.sizes[0] / rate] * batches
         return r
@@ -318,15 +328,15 @@ def test_hand_overs_count_each_group_that_ran_in_another_process_than_before() -
         {"group_ids": [0, 1], "pids": [11, 10]},  # stayed (rows in another order)
         {"group_ids": [0, 1], "pids": [11, 12]},  # group 1 to a new worker
     ]
-    assert vs_spark.handovers(batches) == 3
-    assert vs_spark.handovers(batches[2:3]) == 0
+    assert vs_spark_run.handovers(batches) == 3
+    assert vs_spark_run.handovers(batches[2:3]) == 0
 
 
 def test_the_rocksdb_floor_keeps_each_keys_count_in_its_slices_store(tmp_path: Path) -> None:
     import pandas as pd
 
     config = argparse.Namespace(local_dir=tmp_path, slices=8)
-    runner = vs_spark.RocksdbFloorRunner(None, config)
+    runner = vs_spark_contenders.RocksdbFloorRunner(None, config)
     batches = [
         [pd.DataFrame({"slice": [3, 3, 5], "partition_key": ["a", "a", "b"]})],
         [
@@ -339,8 +349,8 @@ def test_the_rocksdb_floor_keeps_each_keys_count_in_its_slices_store(tmp_path: P
         (out,) = runner(("g",), iter(frames), None)
         seen.append(json.loads(out.value[0]))
     assert [m["records"] for m in seen] == [3, 3] and all(m["floor"] for m in seen)
-    assert vs_spark.stored_counts(str(tmp_path), 8) == {"a": 3, "b": 2, "c": 1}
-    stores = vs_spark.floor_stores(str(tmp_path), 8)
+    assert vs_spark_contenders.stored_counts(str(tmp_path), 8) == {"a": 3, "b": 2, "c": 1}
+    stores = vs_spark_contenders.floor_stores(str(tmp_path), 8)
     # each key in its slice's store, and every slice's store opened at the first call
     assert sorted(bytes(k) for k, _ in stores[3].items()) == [b"a"]
     assert sorted(bytes(k) for k, _ in stores[1].items()) == [b"c"]
@@ -355,7 +365,7 @@ def test_rounds_take_turns_and_report_each_contenders_median_run(monkeypatch, tm
 
     def fake_run(contender, spark, w, batches, *rest):
         calls.append((w.name, contender))
-        r = vs_spark.Run(contender)
+        r = vs_spark_run.Run(contender)
         rate = next(rates)
         r.records, r.seconds = [w.sizes[0]] + [rate] * 2, [1.0, 1.0, 1.0]
         return r
