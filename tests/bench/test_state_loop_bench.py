@@ -29,10 +29,10 @@ def test_timers_are_measured_when_asked(capsys):
 @pytest.mark.parametrize(
     ("args", "named"),
     [
-        (["--timers", "-1"], "--timers"),
-        (["--records", "1"], "--records"),
-        (["--keys", "0"], "--keys"),
-        (["--batch", "0"], "--batch"),
+        (["--timers", "-1"], "--timers must be 0 (none) or more, not -1"),
+        (["--records", "1"], "--records must be 2 or more (a warm-up batch, then one), not 1"),
+        (["--keys", "0"], "--keys must be 1 or more, not 0"),
+        (["--batch", "0"], "--batch must be 1 or more, not 0"),
     ],
 )
 def test_a_count_it_cannot_run_is_refused_by_name(args, named, capsys):
