@@ -411,3 +411,31 @@ def without_spark(
 
     monkeypatch.setattr(vs_spark, "run", fake_run)
     monkeypatch.setattr(vs_spark, "spark_session", lambda master, groups: Session())
+
+
+def test_the_contenders_reach_a_process_without_bench_on_its_path(tmp_path) -> None:
+    """Spark's workers and the owner processes unpickle the contenders' runners; they run
+    where `bench` cannot be imported, so the runners must travel by value."""
+    import subprocess
+    import sys
+
+    from pyspark import cloudpickle
+
+    cfg = JobConfig(app="bench-pickle", streams=("bench",), checkpoint="", slices=8, groups=1)
+    blob = cloudpickle.dumps(
+        [
+            vs_spark_contenders.FileFedRunner(HandlerFactory(vs_spark_contenders.counter), cfg),
+            vs_spark_contenders.RocksdbFloorRunner(None, cfg),
+        ]
+    )
+    (tmp_path / "blob").write_bytes(blob)
+    script = (
+        "import pickle, sys; r = pickle.loads(open('blob', 'rb').read()); "
+        "assert 'bench' not in sys.modules, 'bench was imported'; "
+        "print(type(r[0]).__name__, type(r[1]).__name__)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["FileFedRunner", "RocksdbFloorRunner"]
