@@ -141,14 +141,26 @@ class StoreCache:
             return None
         return store if store is not None and store.version == target else None
 
+    def _usable(self, slice_id: int, head: Head | None, target: int, owned: bool) -> bool:
+        """Whether the open store is ready for `target` as it is: at that version, on disk,
+        and either this process holds the slice's newest claim or the store's last commit
+        is the committed one. A group that moved here commits into its chain without
+        claiming its slices again, so its heads keep naming the host it left."""
+        store = self._ready(slice_id, target)
+        return store is not None and (owned or self._consistent(store, head))
+
     @staticmethod
     def _consistent(store: SliceStore, head: Head | None) -> bool:
         """Whether the store's version is the commit the head has for it (a re-run of a
-        batch elsewhere may have committed the same version differently)."""
-        if store.version == 0:
+        batch elsewhere may have committed the same version differently). The log is in
+        version order, and a store is usually at its newest entry: read from the end."""
+        version = store.version
+        if version == 0:
             return True
-        entry = next((e for e in head.log if e.version == store.version), None) if head else None
-        return entry is not None and store.tag == entry.uid
+        for entry in reversed(head.log if head else ()):
+            if entry.version <= version:
+                return entry.version == version and store.tag == entry.uid
+        return False
 
     def owns(self, slice_id: int, head: Head | None) -> bool:
         """True while this process holds the slice's newest claim (nobody took it since)."""
@@ -251,7 +263,7 @@ class StoreCache:
         failure, in the order of `wanted`, is raised."""
         self._make_room(s for s, _, _ in wanted)
         owned = {s for s, h, _ in wanted if self.owns(s, h)}
-        ready = {s for s, _, v in wanted if s in owned and self._ready(s, v) is not None}
+        ready = {s for s, h, v in wanted if self._usable(s, h, v, s in owned)}
         heads = {s: h for s, h, _ in wanted}
         errors: dict[int, Exception] = {}
         jobs: list[RestoreJob] = []

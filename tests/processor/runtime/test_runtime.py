@@ -647,3 +647,33 @@ def test_the_batch_before_a_snapshot_starts_its_memtable_flush(location, tmp_pat
             assert in_memtable() > 0, f"after batch {b}: flushed with no snapshot due"
     assert len(flushed_before) >= 2
     assert head.snaps and {x.version for x in head.snaps} <= set(flushed_before)
+
+
+def test_a_group_on_a_new_host_keeps_its_open_stores_in_its_steady_batches(
+    location, tmp_path, monkeypatch
+):
+    """After a group moves (a lost executor), its new host commits into the group's chain
+    without a head write, so the heads keep naming the old host as their owner. Its later
+    batches must still find their open stores ready by their tags: before, every slice
+    went through the rebuild path (`_job`, walking the head's log) in every batch until
+    the chain rolled over (20-60 ms a batch for 128 slices in `bench.latency`)."""
+    from shardless.processor.runtime import stores
+
+    old, new = runner(location, tmp_path / "old"), runner(location, tmp_path / "new")
+    old.run(0, "q", 0, frame(KEYS[:100]))
+    old.run(0, "q", 1, frame(KEYS[100:200], 100))
+    new.run(0, "q", 2, frame(KEYS[200:300], 200))  # restores the group's slices here
+    cache = stores._caches[(str(tmp_path / "new"), location.app, SLICES)]
+    rebuilt: list[int] = []
+    real = stores.StoreCache._job
+
+    def counted(self, slice_id, *args):  # noqa: ANN001, ANN002, ANN202
+        rebuilt.append(slice_id)
+        return real(self, slice_id, *args)
+
+    monkeypatch.setattr(stores.StoreCache, "_job", counted)
+    out = new.run(0, "q", 3, frame(KEYS[300:], 300))
+    assert metrics_of(out)["restores"] == []
+    assert rebuilt == [], f"{len(rebuilt)} slices took the rebuild path on their own host"
+    assert set(cache._open) >= {route(k, None, SLICES) for k in KEYS[300:]}
+    assert durable_counts(location) == Counter(KEYS)
