@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,38 @@ def figure(report: dict[str, Any], path: str) -> float:
     for part in path.split("."):
         value = value[part]
     return float(value)
+
+
+def own_code(tree: Path) -> None:
+    """Give a tree with the one import name its own `shardless.processor`, `.changelog` and
+    `.state`: links in its `shardless/` to the folders its pyproject.toml maps them to
+    (`[tool.setuptools.package-dir]`). Without them Python finds only the tree's
+    `shardless/__init__.py`, and this checkout's editable install answers for the rest with
+    this checkout's folders: the base side ran the working tree's product code."""
+    own = tree / "shardless"
+    if not (own / "__init__.py").exists():
+        return  # before the one import name: top-level packages, found in the tree
+    with (tree / "pyproject.toml").open("rb") as f:
+        mapping = tomllib.load(f)["tool"]["setuptools"]["package-dir"]
+    for name, folder in mapping.items():
+        link = own / name.removeprefix("shardless.")
+        if name.startswith("shardless.") and not link.exists():
+            link.symlink_to(Path("..") / folder)
+
+
+def check_own_code(tree: Path) -> None:
+    """Refuse a side whose runtime would be imported from outside its tree."""
+    name = "shardless.processor" if (tree / "shardless").is_dir() else "processor"
+    out = subprocess.run(
+        [sys.executable, "-c", f"import {name} as m; print(m.__file__)"],
+        cwd=tree,
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        capture_output=True,
+        text=True,
+    )
+    found = Path(out.stdout.strip() or "?").resolve()
+    if out.returncode != 0 or not found.is_relative_to(tree.resolve()):
+        raise SystemExit(f"{tree}: {name} is imported from {found}, not from the tree")
 
 
 def run_in(tree: Path, module: str, args: list[str]) -> dict[str, Any]:
@@ -47,6 +80,11 @@ def run_in(tree: Path, module: str, args: list[str]) -> dict[str, Any]:
     if out.returncode != 0:
         raise SystemExit(f"{module} in {tree} exited {out.returncode}:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout[out.stdout.index("{") :])
+
+
+def ratio(tree: float, base: float) -> float | None:
+    """tree / base; None where the base is 0 (a count the change took from 0)."""
+    return tree / base if base else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         check=True,
         capture_output=True,
     )
+    own_code(base_dir)
+    for tree in (base_dir, ROOT):
+        check_own_code(tree)
     tools = ROOT / ".tools"
     if tools.exists():  # the Node emulators, installed once
         (base_dir / ".tools").symlink_to(tools)
@@ -90,8 +131,9 @@ def main(argv: list[str] | None = None) -> int:
             f: {
                 "base": statistics.median(sides["base"][f]),
                 "tree": statistics.median(sides["tree"][f]),
-                "tree_vs_base": statistics.median(sides["tree"][f])
-                / statistics.median(sides["base"][f]),
+                "tree_vs_base": ratio(
+                    statistics.median(sides["tree"][f]), statistics.median(sides["base"][f])
+                ),
                 "base_rounds": sides["base"][f],
                 "tree_rounds": sides["tree"][f],
             }
