@@ -15,7 +15,14 @@ from shardless.changelog.durable import DurableState
 from shardless.changelog.errors import CommitTooLateError, MissingObjectError
 from shardless.changelog.restore import materialize
 from tests.changelog.test_durable import commit, kv
-from tests.processor.runtime.test_runtime import KEYS, SLICES, durable_counts, frame, runner
+from tests.processor.runtime.test_runtime import (
+    KEYS,
+    SLICES,
+    durable_counts,
+    frame,
+    runner,
+    wipe_stores,
+)
 
 HOUR_MS = 3600 * 1000
 
@@ -99,8 +106,7 @@ def test_wiped_stores_restore_after_gc(location, tmp_path, clock_ahead):
     now = int(time.time() * 1000)
     gc.collect(location, SLICES, dry_run=False, now_ms=now)
     gc.collect(location, SLICES, dry_run=False, now_ms=clock_ahead(2 * HOUR_MS))
-    for path in tmp_path.glob("*/w*/slice-*"):
-        shutil.rmtree(path)
+    wipe_stores(tmp_path)
     run_batches(location, tmp_path, range(12, 14))
     assert durable_counts(location) == expected(14)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -78,6 +79,21 @@ class Runner:
 
 def runner(location, local_dir: Path, handler=count_handler, **kw) -> Runner:
     return Runner(location, local_dir, handler, **kw)
+
+
+def wipe_stores(root: Path) -> None:
+    """Remove every slice store under `root` while its handle is open, as a lost disk does.
+    RocksDB may still be flushing into it (`SliceStore.flush_soon`): a log file it deletes
+    itself is gone when rmtree reaches it, and a file it creates keeps the directory from
+    going, so remove until nothing is left."""
+    for path in root.glob("*/w*/slice-*"):
+        for _ in range(200):
+            shutil.rmtree(path, ignore_errors=True)
+            if not path.exists():
+                break
+            time.sleep(0.01)
+        else:
+            raise AssertionError(f"{path} could not be removed")
 
 
 def outputs(out: pd.DataFrame) -> list[dict]:
@@ -176,8 +192,7 @@ def test_closing_a_cache_releases_its_stores_and_the_next_batch_reopens_them(loc
 def test_wiped_local_stores_are_rebuilt_from_s3(location, tmp_path):
     r = runner(location, tmp_path)
     r.run(0, "q", 0, frame(KEYS[:200]))
-    for path in tmp_path.glob("*/w*/slice-*"):
-        shutil.rmtree(path)
+    wipe_stores(tmp_path)
     out = r.run(0, "q", 1, frame(KEYS[200:], 200))
     metrics = json.loads(out[out.kind == "metrics"].value.iloc[0])
     assert metrics["restores"] and all(m["from_version"] == 0 for m in metrics["restores"])
@@ -196,8 +211,7 @@ def test_snapshots_bound_the_log_and_a_wiped_store_restores_from_one(location, t
     # entries only after the oldest kept snapshot: bounded by keep * every (+ the head)
     assert [e.version for e in hot_head.log] == list(range(hot_head.snaps[0].version + 1, 9))
     assert durable_counts(location) == Counter(KEYS) + Counter(hot * 8)
-    for path in tmp_path.glob("*/w*/slice-*"):
-        shutil.rmtree(path)
+    wipe_stores(tmp_path)
     out = r.run(0, "q", 8, frame(["user-1"], 900))
     metrics = json.loads(out[out.kind == "metrics"].value.iloc[0])
     (restored,) = metrics["restores"]
@@ -347,8 +361,7 @@ def test_timers_survive_a_lost_store_and_fire_in_a_batch_without_records(locatio
     r.inner.handlers = HandlerFactory(process, on_timer=on_timer)
     r.run(0, "q", 0, frame(["a", "b"]), now_ms=1_000)
     assert set(r.pending) == {route("a", None, SLICES), route("b", None, SLICES)}
-    for path in tmp_path.glob("*/w*/slice-*"):
-        shutil.rmtree(path)
+    wipe_stores(tmp_path)
     early = r.run(0, "q", 1, None, now_ms=1_400)
     assert outputs(early) == []
     due = r.run(0, "q", 2, None, now_ms=1_500)
@@ -527,8 +540,7 @@ def test_snapshots_upload_where_configured_name_their_batch_and_restore(
     else:
         assert (helper.sent, helper.ran_here) == (0, 0)
     assert not list(tmp_path.glob("**/snap-*"))  # every checkpoint removed after its upload
-    for path in tmp_path.glob("*/w*/slice-*"):
-        shutil.rmtree(path)
+    wipe_stores(tmp_path)
     out = r.run(0, "q", 6, frame(["user-1"], 900))
     (restored,) = json.loads(out[out.kind == "metrics"].value.iloc[0])["restores"]
     assert restored["snapshot_version"] == head.snaps[-1].version
