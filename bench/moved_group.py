@@ -31,10 +31,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from bench import harness
 from bench.batch_cost import counter, keys_by_slice, new_app
+from bench.idle_group import metrics_of
 from bench.restore import frame
 from shardless.changelog.layout import AppLocation
 from shardless.processor.api.handlers import HandlerFactory
@@ -98,10 +97,6 @@ class Group:
         seconds = time.perf_counter() - started
         self.seq += len(rows)
         return {**metrics_of(out), "wall_s": seconds}
-
-
-def metrics_of(out: pd.DataFrame) -> dict[str, Any]:
-    return json.loads(out[out.kind == "metrics"].value.iloc[-1])
 
 
 def one(group: Group, batch: int, seen: Counter[str]) -> dict[str, Any]:
