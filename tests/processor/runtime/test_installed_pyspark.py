@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -67,13 +68,24 @@ def test_a_process_started_as_spark_starts_workers_imports_the_installed_package
     assert out == f"2 {PYSPARK / '__init__.py'} False"
 
 
+def _environ_once_exec_is_done(pid: int, timeout: float = 30.0) -> list[bytes]:
+    """`/proc/PID/environ`, read once the new program's environment is in place. Popen
+    returns when exec closes its close-on-exec pipe, and Linux sets up the new
+    environment after that, so a read in between finds it empty."""
+    deadline = time.monotonic() + timeout
+    while not (raw := Path(f"/proc/{pid}/environ").read_bytes()):
+        assert time.monotonic() < deadline, f"process {pid} has no environment after exec"
+        time.sleep(0.01)
+    return raw.split(b"\0")
+
+
 def test_an_owner_process_gets_the_path_without_the_shipped_zips(monkeypatch, tmp_path):
     """The owner a worker starts inherits the worker's path, less the shipped zips: its
     PYTHONPATH, read from the running process, names neither."""
     monkeypatch.setattr(sys, "path", [*SHIPPED, *sys.path, "/somewhere/else.zip"])
     child = owner.start(str(tmp_path), "app", 0, watch=os.getpid(), idle_seconds=5)
     try:
-        environ = Path(f"/proc/{child.pid}/environ").read_bytes().split(b"\0")
+        environ = _environ_once_exec_is_done(child.pid)
         key = b"PYTHONPATH="
         (found,) = [e[len(key) :].decode() for e in environ if e.startswith(key)]
         parts = found.split(os.pathsep)
