@@ -21,6 +21,7 @@ LABELS = {
     "spark_sql_count": "Spark SQL groupBy().count() (JVM)",
     "python_floor": "floor: shardless's plan, a no-op Python function",
     "rocksdb_floor": "RocksDB floor: the floor keeping the counts in a store per slice",
+    "handler_floor": "handler floor: the RocksDB floor calling the handler per record",
 }
 COLOURS = {
     "shardless": "#1b9e77",
@@ -31,6 +32,7 @@ COLOURS = {
     "spark_sql_count": "#d95f02",
     "python_floor": "#999999",
     "rocksdb_floor": "#666666",
+    "handler_floor": "#333333",
 }
 
 

@@ -25,6 +25,9 @@ Contenders, each counting records per key:
   rocksdb_floor                    the same plan keeping the counts in a local RocksDB store
                                    per slice: a dict fold, then one multi-get and one
                                    WriteBatch per slice and batch (no durability, no events)
+  handler_floor                    the RocksDB floor with the counter handler called once per
+                                   record against the slice's values in a dict: the least a
+                                   Python handler per record over RocksDB costs
 Only when named in --contenders:
   shardless_uploads_in_helper      the shardless contender with its snapshots uploaded by
                                    the worker's helper process (--snapshot-uploads helper)

@@ -7,6 +7,7 @@ Python workers and the group owner processes need not find `bench` on their path
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -33,6 +34,7 @@ CONTENDERS = (
     "spark_sql_count",
     "python_floor",
     "rocksdb_floor",
+    "handler_floor",
 )
 # run only when named in --contenders: shardless with its snapshots uploaded by the worker's
 # helper process (`snapshot_uploads="helper"`), the A/B of the helper's uploads; and with
@@ -41,7 +43,7 @@ OPTIONAL = ("shardless_uploads_in_helper", "shardless_heads")
 PANDAS = ("apply_in_pandas_with_state", "transform_with_state_in_pandas")
 SLICES = 256  # shardless's default
 SHARDLESS = ("shardless", "shardless_worker_stores", "shardless_few_slices", *OPTIONAL)
-FLOORS = ("python_floor", "rocksdb_floor")
+FLOORS = ("python_floor", "rocksdb_floor", "handler_floor")
 FEW_SLICES = 32
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -161,6 +163,8 @@ class RocksdbFloorRunner(FloorRunner):
     the other worker opens nothing in a measured batch. The counts are then split between
     the workers' stores."""
 
+    stores = "rocksdb-floor"  # the folder of this process's stores under the local dir
+
     def __init__(self, handlers: Any, config: Any) -> None:
         self.root = str(config.local_dir)
         self.slices = int(config.slices)
@@ -185,7 +189,7 @@ class RocksdbFloorRunner(FloorRunner):
         by_slice: dict[int, list[tuple[bytes, int]]] = {}
         for (s, k), c in counts.items():
             by_slice.setdefault(s, []).append((k.encode(), c))
-        stores = floor_stores(self.root, self.slices)
+        stores = floor_stores(self.root, self.slices, self.stores)
         for s, items in by_slice.items():
             db = stores[s]
             wb = WriteBatch(raw_mode=True)
@@ -195,31 +199,100 @@ class RocksdbFloorRunner(FloorRunner):
         return n
 
 
+class _FloorState:
+    """The handler floor's `ctx.state`: the bound key's value in a dict."""
+
+    __slots__ = ("key", "values")
+
+    def __init__(self) -> None:
+        self.key = ""
+        self.values: dict[str, Any] = {}
+
+    def get(self, default: Any = None) -> Any:
+        return self.values.get(self.key, default)
+
+    def set(self, value: Any) -> None:
+        self.values[self.key] = value
+
+
+class _FloorContext:
+    __slots__ = ("state",)
+
+    def __init__(self) -> None:
+        self.state = _FloorState()
+
+
+class HandlerFloorRunner(RocksdbFloorRunner):
+    """The RocksDB floor with the contender's handler in the loop: per slice one multi-get
+    of its distinct keys, then `counter` called once per record against their values in a
+    dict, then one WriteBatch of the values it set. The least any processor that runs a
+    Python handler per record over RocksDB does; shardless adds its events (the handler
+    gets the key here, as `counter` reads no event), the handler API, undo records,
+    snapshots and durable commits. Its own stores (`<local_dir>/handler-floor-p<pid>`)."""
+
+    stores = "handler-floor"
+
+    def _fold(self, pdfs: Iterator[pd.DataFrame]) -> int:
+        import numpy as np
+        from rocksdict import WriteBatch
+
+        frames = [p for p in pdfs if len(p)]
+        if not frames:
+            return 0
+        slices = np.concatenate([p["slice"].to_numpy() for p in frames])
+        names = np.concatenate([p["partition_key"].to_numpy(dtype=object) for p in frames])
+        order = np.argsort(slices, kind="stable")  # each slice's records in the group's order
+        slices, names = slices[order], names[order]
+        cuts = [0, *(np.flatnonzero(np.diff(slices)) + 1).tolist(), len(slices)]
+        stores = floor_stores(self.root, self.slices, self.stores)
+        ctx = _FloorContext()
+        state = ctx.state
+        for lo, hi in itertools.pairwise(cuts):
+            records = names[lo:hi].tolist()
+            distinct = list(dict.fromkeys(records))
+            encoded = [k.encode() for k in distinct]
+            db = stores[int(slices[lo])]
+            state.values = values = {
+                k: msgpack.unpackb(old)
+                for k, old in zip(distinct, db.get(encoded), strict=True)
+                if old is not None
+            }
+            for k in records:
+                state.key = k
+                counter(k, ctx)  # type: ignore[arg-type]
+            wb = WriteBatch(raw_mode=True)
+            for k, name in zip(distinct, encoded, strict=True):
+                wb.put(name, msgpack.packb(values[k]))
+            db.write(wb)
+        return len(slices)
+
+
 # Spark's worker unpickles RocksdbFloorRunner by value (`bench` is not on its path), so a
 # global of this module would start empty in every task: the open stores live in a module
 # of their own, for the worker's life.
 _FLOOR_STORES = "_shardless_bench_rocksdb_floor"
 
 
-def floor_stores(root: str, slices: int) -> dict[int, Any]:
-    """This process's RocksDB floor stores under `root`, one per slice, opened on first use."""
+def floor_stores(root: str, slices: int, kind: str = RocksdbFloorRunner.stores) -> dict[int, Any]:
+    """This process's floor stores of `kind` under `root`, one per slice, opened on first
+    use."""
     from rocksdict import Rdict
 
     from shardless.state.store import store_options
 
     opened = sys.modules.setdefault(_FLOOR_STORES, types.ModuleType(_FLOOR_STORES)).__dict__
-    key = (root, slices)
+    key = (root, slices, kind)
     if key not in opened:
-        where = Path(root) / f"rocksdb-floor-p{os.getpid()}"
+        where = Path(root) / f"{kind}-p{os.getpid()}"
         where.mkdir(parents=True, exist_ok=True)
         opened[key] = {s: Rdict(str(where / f"s{s:05d}"), store_options()) for s in range(slices)}
     return opened[key]
 
 
-def stored_counts(root: str, slices: int) -> dict[str, int]:
-    """Every key's count in this process's RocksDB floor stores under `root`."""
+def stored_counts(root: str, slices: int, kind: str = RocksdbFloorRunner.stores) -> dict[str, int]:
+    """Every key's count in this process's floor stores of `kind` under `root`."""
     total: dict[str, int] = {}
-    for db in floor_stores(root, slices).values():
+    for db in floor_stores(root, slices, kind).values():
         for k, v in db.items():
             name = bytes(k).decode()
             total[name] = total.get(name, 0) + msgpack.unpackb(v)
@@ -282,9 +355,11 @@ def query_for(
     records = as_records(src, slices)
     partitions, _ = partitions_for(spark, cfg)
     # the floor: the same plan, built with FloorRunner where the runtime would be
-    runner = {"python_floor": FloorRunner, "rocksdb_floor": RocksdbFloorRunner}.get(
-        contender, FileFedRunner
-    )
+    runner = {
+        "python_floor": FloorRunner,
+        "rocksdb_floor": RocksdbFloorRunner,
+        "handler_floor": HandlerFloorRunner,
+    }.get(contender, FileFedRunner)
     owner = group_owner_for(spark, cfg).owner
     group_function = runner(HandlerFactory(counter), runtime_config(cfg, partitions, owner))
     columns = tuple(c for c in RECORD_COLUMNS if c in records.columns)

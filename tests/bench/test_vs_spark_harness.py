@@ -116,7 +116,7 @@ def test_harness_runs_and_checks_spark_sql_and_shardless(spark, aws, tmp_path) -
     moto = aws.pids[0]
     # shardless: 256 slices, as benchmarked; the floor: its plan with a no-op function
     contenders = ("spark_sql_count", "shardless", "shardless_worker_stores", "python_floor")
-    for contender in (*contenders, "rocksdb_floor"):
+    for contender in (*contenders, "rocksdb_floor", "handler_floor"):
         summary = vs_spark_run.run(contender, spark, w, 3, tmp_path, moto).summary()
         assert summary["errors"] == [], contender
         assert summary["measured_records"] == 400 and summary["warmup_records"] == 200
@@ -357,6 +357,46 @@ def test_the_rocksdb_floor_keeps_each_keys_count_in_its_slices_store(tmp_path: P
     assert len(list(tmp_path.glob("rocksdb-floor-p*/s*"))) == 8
 
 
+def test_the_handler_floor_calls_the_handler_per_record_and_keeps_counts_of_its_own(
+    monkeypatch, tmp_path: Path
+) -> None:
+    """The handler floor folds each record through the contender's handler, in the group's
+    order within each slice, into stores of its own: the RocksDB floor's stay untouched."""
+    import pandas as pd
+
+    calls: list[str] = []
+    real = vs_spark_contenders.counter
+
+    def counting(event, ctx):  # noqa: ANN001, ANN202
+        calls.append(event)
+        real(event, ctx)
+
+    monkeypatch.setattr(vs_spark_contenders, "counter", counting)
+    config = argparse.Namespace(local_dir=tmp_path, slices=8)
+    runner = vs_spark_contenders.HandlerFloorRunner(None, config)
+    batches = [
+        [pd.DataFrame({"slice": [5, 3, 3], "partition_key": ["b", "a", "x"]})],
+        [
+            pd.DataFrame({"slice": [3], "partition_key": ["a"]}),
+            pd.DataFrame({"slice": [], "partition_key": []}),
+            pd.DataFrame({"slice": [1, 5, 3], "partition_key": ["c", "b", "a"]}),
+        ],
+        [],
+    ]
+    seen = []
+    for frames in batches:
+        (out,) = runner(("g",), iter(frames), None)
+        seen.append(json.loads(out.value[0]))
+    assert [m["records"] for m in seen] == [3, 4, 0] and all(m["floor"] for m in seen)
+    # slice by slice, each slice's records in the order the group got them
+    assert calls == ["a", "x", "b", "c", "a", "a", "b"]
+    kind = vs_spark_contenders.HandlerFloorRunner.stores
+    counts = vs_spark_contenders.stored_counts(str(tmp_path), 8, kind)
+    assert counts == {"a": 3, "b": 2, "c": 1, "x": 1}
+    assert vs_spark_contenders.stored_counts(str(tmp_path), 8) == {}
+    assert len(list(tmp_path.glob(f"{kind}-p*/s*"))) == 8
+
+
 def test_rounds_take_turns_and_report_each_contenders_median_run(monkeypatch, tmp_path) -> None:
     """With --rounds the contenders take turns on a workload, so that a slow stretch of the
     host falls on each of them, and each one's rate is its median run's."""
@@ -426,16 +466,17 @@ def test_the_contenders_reach_a_process_without_bench_on_its_path(tmp_path) -> N
         [
             vs_spark_contenders.FileFedRunner(HandlerFactory(vs_spark_contenders.counter), cfg),
             vs_spark_contenders.RocksdbFloorRunner(None, cfg),
+            vs_spark_contenders.HandlerFloorRunner(None, cfg),
         ]
     )
     (tmp_path / "blob").write_bytes(blob)
     script = (
         "import pickle, sys; r = pickle.loads(open('blob', 'rb').read()); "
         "assert 'bench' not in sys.modules, 'bench was imported'; "
-        "print(type(r[0]).__name__, type(r[1]).__name__)"
+        "print(*(type(x).__name__ for x in r))"
     )
     done = subprocess.run(
         [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, check=False
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["FileFedRunner", "RocksdbFloorRunner"]
+    assert done.stdout.split() == ["FileFedRunner", "RocksdbFloorRunner", "HandlerFloorRunner"]
