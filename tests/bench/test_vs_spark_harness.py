@@ -383,16 +383,20 @@ def test_the_handler_floor_calls_the_handler_per_record_and_keeps_counts_of_its_
         ],
         [],
     ]
+    # long enough that an unstable sort by slice would reorder a slice's records
+    interleaved = [f"o{i:02d}" for i in range(48)]
+    batches.append([pd.DataFrame({"slice": [7, 2, 5] * 16, "partition_key": interleaved})])
     seen = []
     for frames in batches:
         (out,) = runner(("g",), iter(frames), None)
         seen.append(json.loads(out.value[0]))
-    assert [m["records"] for m in seen] == [3, 4, 0] and all(m["floor"] for m in seen)
+    assert [m["records"] for m in seen] == [3, 4, 0, 48] and all(m["floor"] for m in seen)
     # slice by slice, each slice's records in the order the group got them
-    assert calls == ["a", "x", "b", "c", "a", "a", "b"]
+    assert calls[:7] == ["a", "x", "b", "c", "a", "a", "b"]
+    assert calls[7:] == [interleaved[i] for first in (1, 2, 0) for i in range(first, 48, 3)]
     kind = vs_spark_contenders.HandlerFloorRunner.stores
     counts = vs_spark_contenders.stored_counts(str(tmp_path), 8, kind)
-    assert counts == {"a": 3, "b": 2, "c": 1, "x": 1}
+    assert counts == {"a": 3, "b": 2, "c": 1, "x": 1, **dict.fromkeys(interleaved, 1)}
     assert vs_spark_contenders.stored_counts(str(tmp_path), 8) == {}
     assert len(list(tmp_path.glob(f"{kind}-p*/s*"))) == 8
 
