@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+from collections.abc import Iterator
 
 from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
@@ -29,7 +31,9 @@ LOCALITY_WAIT = "spark.locality.wait"
 # Python workers forked by shardless's daemon import PySpark's compiled package rather
 # than compile it from Spark's zip (`installed_pyspark`). Set where executors run this
 # interpreter (local masters); elsewhere it is the deployment's to set, where shardless is
-# installed on the nodes (`docs/running-on-a-cluster.md`).
+# installed on the nodes (`docs/running-on-a-cluster.md`). Where it is set, Spark's other
+# Python processes start through `installed_pyspark.launcher` (`_python_exec`); a
+# deployment that sets its own daemon module keeps PySpark's way for both.
 DAEMON_MODULE = "spark.python.daemon.module"
 
 log = logging.getLogger(__name__)
@@ -64,8 +68,9 @@ def session(
     slice stores stay open between batches. `groups` sets `spark.sql.shuffle.partitions`;
     0: one per task slot of the session's cluster, else 8 (`placement.choose_groups`).
     With at most one group per slot, tasks wait for no executor (`LOCALITY_WAIT` 0,
-    unless the deployment sets it). Under a local master, Python workers import PySpark's
-    installed package (`DAEMON_MODULE`, unless the deployment sets it).
+    unless the deployment sets it). Under a local master, Python workers and the planners of
+    Python data sources import PySpark's installed package (`DAEMON_MODULE` and
+    `_python_exec`, unless the deployment sets the daemon module).
     """
     if master is None and not launched_by_spark_submit():
         master = DEFAULT_MASTER
@@ -91,23 +96,54 @@ def session(
     slots = placement.task_slots(where, settings)
     if placement.no_locality_wait(groups, slots) and not deployed.contains(LOCALITY_WAIT):
         builder = builder.config(LOCALITY_WAIT, "0")
-    if (
+    prefer_installed = (
         where.startswith("local")
         and not deployed.contains(DAEMON_MODULE)
         and installed_pyspark.daemon_importable(os.environ["PYSPARK_PYTHON"])
-    ):
+    )
+    if prefer_installed:
         builder = builder.config(DAEMON_MODULE, installed_pyspark.DAEMON)
-    spark = (
+    builder = (
         builder.appName(app_name)
         .config("spark.python.worker.reuse", "true")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
-        .getOrCreate()
     )
+    with _python_exec(prefer_installed):
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     spark.conf.set("spark.sql.shuffle.partitions", str(groups))
     spark.dataSource.register(KinesisDataSource)
     spark.dataSource.register(StateDataSource)
     spark.dataSource.register(TimerDataSource)
     return spark
+
+
+@contextlib.contextmanager
+def _python_exec(prefer_installed: bool) -> Iterator[None]:
+    """Where the workers' daemon is shardless's (`prefer_installed`) and PYSPARK_PYTHON is
+    this interpreter, the context created here starts every Python process through
+    `installed_pyspark.launcher`: the planners of Python data sources too, which the daemon
+    does not start. PySpark reads PYSPARK_PYTHON once, when the context is created; it is
+    put back afterwards, since a process this one starts later (a driver of its own) must
+    not inherit a script that is removed when this one exits."""
+    python = os.environ["PYSPARK_PYTHON"]
+    launcher = None
+    if prefer_installed and _same_file(python, sys.executable):
+        launcher = installed_pyspark.launcher(python)
+    if launcher is None:
+        yield
+        return
+    os.environ["PYSPARK_PYTHON"] = launcher
+    try:
+        yield
+    finally:
+        os.environ["PYSPARK_PYTHON"] = python
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False

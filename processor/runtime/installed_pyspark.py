@@ -10,16 +10,24 @@ time. Zips anywhere else (a cluster's own Spark distribution) are left alone.
 
 `DAEMON` is the daemon module that does this before PySpark's own daemon starts; the
 session sets it as `spark.python.daemon.module` where executors run this interpreter
-(`shardless.processor.driver.spark.session`).
+(`shardless.processor.driver.spark.session`). The daemon serves tasks only: the processes
+that plan a Python data source's reads and run a streaming source (two at every query
+start, and more for each `load()`) are started by Spark as `python -m ...`, from the zips.
+`launcher` is a script for them to be started through instead, which takes the shipped
+zips off their path and runs this interpreter.
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import importlib.machinery
 import os
+import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 DAEMON = "shardless.processor.runtime.worker_daemon"
@@ -72,3 +80,50 @@ def daemon_importable(python: str = sys.executable) -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return False
     return done.returncode == 0
+
+
+# The launcher keeps every entry of the PYTHONPATH Spark gives but the shipped zips: an entry
+# named like one whose folder is the installed package's `python/lib` (compared resolved, as
+# `shipped_zips` does). Spark's path has no empty entries, and the launcher keeps none.
+_LAUNCHER = """\
+#!/bin/sh
+# Written by shardless (shardless.processor.runtime.installed_pyspark.launcher): runs
+# {python} with PySpark's shipped zips taken off PYTHONPATH, so that the processes Spark
+# starts import PySpark's installed, compiled package rather than compile the zip's.
+lib={lib}
+kept=
+set -f
+IFS=:
+for entry in $PYTHONPATH; do
+  case $entry in
+    */pyspark.zip|*/py4j-*.zip)
+      [ "$(cd -P -- "${{entry%/*}}" 2>/dev/null && pwd)" = "$lib" ] && continue ;;
+  esac
+  kept=${{kept:+$kept:}}$entry
+done
+unset IFS
+if [ -n "$kept" ]; then export PYTHONPATH="$kept"; else unset PYTHONPATH; fi
+exec {python} "$@"
+"""
+
+
+@functools.lru_cache(maxsize=8)
+def launcher(python: str = sys.executable) -> str | None:
+    """A script that runs `python` as Spark would, less the shipped zips on its path: for
+    `sc.pythonExec` under a local master (`shardless.processor.driver.spark.session`), where
+    every Python process Spark starts runs on this host. None where there is nothing to
+    drop (PySpark not pip-installed) or no POSIX shell. Written once per process into a
+    folder of its own, removed when the process exits."""
+    package = _installed_pyspark(sys.path)
+    shell = shutil.which("sh")
+    if package is None or shell is None or not (package / "python" / "lib").is_dir():
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="shardless-python-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    script = folder / "python"
+    text = _LAUNCHER.format(
+        python=shlex.quote(python), lib=shlex.quote(str(package / "python" / "lib"))
+    )
+    script.write_text(text.replace("#!/bin/sh", f"#!{shell}", 1))
+    script.chmod(0o700)
+    return str(script)

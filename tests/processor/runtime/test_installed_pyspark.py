@@ -4,6 +4,7 @@ real Spark."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -149,3 +150,107 @@ def test_the_fault_tools_find_the_workers_shardless_daemon_forks(spark):
     found = {p.pid: p.cmdline for p in procs.python_workers(os.getpid())}
     assert pids <= set(found)
     assert all(installed_pyspark.DAEMON in found[pid] for pid in pids)
+
+
+_REPORT = """\
+import json, os, sys
+import pyspark
+print(json.dumps({"pyspark": pyspark.__file__, "path": os.environ.get("PYTHONPATH"),
+                  "argv": sys.argv[1:], "stdin": sys.stdin.read(),
+                  "executable": sys.executable}))
+sys.exit(3)
+"""
+
+
+def test_the_launcher_takes_off_the_shipped_zips_however_spelled_and_keeps_the_rest(tmp_path):
+    """The script Spark starts Python processes through drops the installed package's own
+    zips (also through a symlinked folder) and nothing else: a copy of the zip elsewhere,
+    a jar and other folders stay, in their order; arguments, input and the exit status
+    pass through untouched."""
+    launcher = installed_pyspark.launcher(sys.executable)
+    assert launcher is not None
+    linked = tmp_path / "linked-lib"
+    linked.symlink_to(LIB)
+    elsewhere = tmp_path / "spark" / "python" / "lib"
+    elsewhere.mkdir(parents=True)
+    copy = str(shutil.copy(SHIPPED[0], elsewhere / "pyspark.zip"))
+    kept = ["/a folder with spaces/spark-core.jar", str(tmp_path), copy]
+    given = [*SHIPPED, str(linked / "pyspark.zip"), kept[0], *reversed(SHIPPED), *kept[1:]]
+    done = subprocess.run(
+        [launcher, "-c", _REPORT, "an argument", "*", ""],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(given)},
+        input="what the JVM sends",
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 3, done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    assert out["path"] == os.pathsep.join(kept)
+    assert out["pyspark"] == str(PYSPARK / "__init__.py")
+    assert out["argv"] == ["an argument", "*", ""]
+    assert out["stdin"] == "what the JVM sends"
+    assert out["executable"] == sys.executable
+    # a path of nothing but the shipped zips leaves no PYTHONPATH at all (an empty one
+    # would put the current folder on the path)
+    alone = {**os.environ, "PYTHONPATH": os.pathsep.join(SHIPPED)}
+    done = subprocess.run([launcher, "-c", _REPORT], env=alone, capture_output=True, text=True)
+    assert json.loads(done.stdout)["path"] is None
+
+
+def test_there_is_no_launcher_without_a_pip_installed_pyspark(monkeypatch):
+    monkeypatch.setattr(installed_pyspark, "_installed_pyspark", lambda path: None)
+    assert installed_pyspark.launcher.__wrapped__(sys.executable) is None
+
+
+def test_the_context_gets_the_launcher_only_for_this_interpreter_and_only_while_made(
+    monkeypatch,
+):
+    """PYSPARK_PYTHON is the launcher while the context is made, where shardless's daemon
+    serves the workers and the interpreter is this one; it is put back afterwards."""
+    from shardless.processor.driver.spark import _python_exec
+
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+    with _python_exec(True):
+        assert os.environ["PYSPARK_PYTHON"] == installed_pyspark.launcher(sys.executable)
+    assert os.environ["PYSPARK_PYTHON"] == sys.executable
+    with _python_exec(False):  # the deployment set its own daemon module
+        assert os.environ["PYSPARK_PYTHON"] == sys.executable
+    other = shutil.which("sh")
+    monkeypatch.setenv("PYSPARK_PYTHON", other)  # the deployment's own interpreter
+    with _python_exec(True):
+        assert os.environ["PYSPARK_PYTHON"] == other
+
+
+def test_the_suites_data_source_planners_import_the_installed_pyspark(spark):
+    """A Python data source's reads are planned in a process Spark starts as `python -m`,
+    not forked by the daemon: the session starts it through the launcher, so it too finds
+    PySpark's installed package (its partitions carry what the planner saw)."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    class Reader(DataSourceReader):
+        def partitions(self):  # noqa: ANN202 - runs in the planner process
+            import pyspark
+
+            zips = ",".join(p for p in sys.path if p.endswith(".zip"))
+            return [InputPartition((pyspark.__file__, zips))]
+
+        def read(self, partition):  # noqa: ANN001, ANN202
+            yield partition.value
+
+    class WhereSource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "shardless_test_planner_path"
+
+        def schema(self) -> str:
+            return "pyspark string, zips string"
+
+        def reader(self, schema):  # noqa: ANN001, ANN202
+            return Reader()
+
+    spark.dataSource.register(WhereSource)
+    (row,) = spark.read.format("shardless_test_planner_path").load().collect()
+    assert row.pyspark == str(PYSPARK / "__init__.py")
+    assert not set(row.zips.split(",")) & set(SHIPPED)
+    assert spark.sparkContext.pythonExec == installed_pyspark.launcher(sys.executable)
+    assert os.environ["PYSPARK_PYTHON"] == sys.executable
