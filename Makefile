@@ -65,6 +65,7 @@ bench: setup $(STAMP_BENCH)
 	$(PY) -m bench.idle_group --json > bench/results/idle_group.json
 	$(PY) -m bench.remember --json > bench/results/remember.json
 	$(PY) -m bench.cold_start --json > bench/results/cold_start.json
+	$(PY) -m bench.query_start --json > bench/results/query_start.json
 	$(PY) -m bench.batch_hold --json > bench/results/batch_hold.json
 	$(PY) -m bench.roll_over --json > bench/results/roll_over.json
 	$(PY) -m bench.vs_spark --json > bench/results/vs_spark.json
