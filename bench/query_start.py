@@ -73,7 +73,8 @@ for i, stream in enumerate(streams):
                     "records": sum(r.records for r in reports)}})
 python_exec = spark.sparkContext.pythonExec
 spark.stop()
-print("RESULT " + json.dumps({{"python_exec": python_exec, "queries": queries}}))
+print("RESULT " + json.dumps({{"python_exec": python_exec, "python": sys.executable,
+                              "queries": queries}}))
 """
 
 
@@ -100,8 +101,9 @@ def run_once(arm: str, work: Path, queries: int, records: int) -> dict[str, Any]
 
 
 def check(arm: str, result: dict[str, Any], queries: int, records: int) -> None:
-    """The context took its arm's interpreter, and every query delivered every record."""
-    launched = "shardless-python-" in result["python_exec"]
+    """The context took its arm's interpreter (the launcher, or the driver's own Python), and
+    every query delivered every record."""
+    launched = result["python_exec"] != result["python"]
     if launched != (arm == "launcher"):
         raise RuntimeError(f"the {arm} run's context ran Python as {result['python_exec']}")
     got = [q["records"] for q in result["queries"]]

@@ -16,7 +16,7 @@ def _query(seconds: float, records: int = 40) -> dict:
 
 
 def test_a_run_on_the_other_interpreter_or_short_of_records_is_refused():
-    ok = {"python_exec": LAUNCHER, "queries": [_query(3.0), _query(2.0)]}
+    ok = {"python_exec": LAUNCHER, "python": PYTHON, "queries": [_query(3.0), _query(2.0)]}
     query_start.check("launcher", ok, 2, 40)
     query_start.check("direct", {**ok, "python_exec": PYTHON}, 2, 40)
     with pytest.raises(RuntimeError, match="ran Python as"):
