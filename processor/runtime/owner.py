@@ -7,13 +7,15 @@ costs a catch-up of every slice of the group (or, the first time a worker gets t
 a rebuild). With `--group-owner process` the worker only carries the group's records to
 its owner and the results back: the owner is the same process every batch on that host.
 
-The worker finds the owner at an abstract Unix socket named for the local directory, the application
-and the group (Linux; nothing on disk to go stale). If none answers, it starts one, `python -m
-shardless.processor.runtime.owner`, with its own environment and `sys.path`; when two workers start
-one at once, the second cannot bind the name and exits, and both talk to the first. An owner runs
-one batch at a time, in the order the calls arrive. It exits after `--owner-idle-seconds` without a
-call, or within a second of its watched process (the Python worker's parent: PySpark's daemon, which
-lives as long as the executor) going away.
+This module is the worker's side: it finds the owner at an abstract Unix socket named for the
+local directory, the application and the group (Linux; nothing on disk to go stale). If none
+answers, it starts one (`shardless.processor.runtime.owner_process`) as a fork of the zygote
+for its own environment and `sys.path` (`shardless.processor.runtime.zygote`), which has the
+owner's imports done; when two workers start one at once, the second cannot bind the name and
+exits, and both talk to the first. An owner runs one batch at a time, in the order the calls
+arrive. It exits after `--owner-idle-seconds` without a call, or within a second of its watched
+process (the Python worker's parent: PySpark's daemon, which lives as long as the executor)
+going away.
 
 Nothing about correctness depends on it: the owner runs the same `GroupRunner.run` with
 the same conditional commits. If it dies during a batch the task fails, Spark runs the
@@ -31,25 +33,21 @@ import os
 import pickle
 import socket
 import struct
-import subprocess
 import sys
 import time
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from shardless.processor.errors import ConfigError, ProcessorError
-from shardless.processor.runtime import installed_pyspark
-from shardless.processor.runtime.process import no_cycle_collection, pid_alive, profiled
+from shardless.processor.runtime import installed_pyspark, zygote
+from shardless.processor.runtime.process import pid_alive
 
 log = logging.getLogger(__name__)
 
 OWNER_IDLE_SECONDS = 600
 STARTUP_SECONDS = 60.0
 _HEADER = struct.Struct("!Q")
-_RUNNERS_KEPT = 8
-_children: list[subprocess.Popen] = []
 
 
 class OwnerError(ProcessorError):
@@ -79,7 +77,7 @@ def log_path(local_dir: str, app: str, group: int) -> Path:
     return Path(local_dir) / app / "owners" / f"g{group:05d}.log"
 
 
-def _send(sock: socket.socket, obj: Any) -> None:
+def send_message(sock: socket.socket, obj: Any) -> None:
     data = pickle.dumps(obj, protocol=5)
     sock.sendall(_HEADER.pack(len(data)))
     sock.sendall(data)
@@ -97,7 +95,7 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytearray:
     return buf
 
 
-def _recv(sock: socket.socket) -> Any:
+def recv_message(sock: socket.socket) -> Any:
     (n,) = _HEADER.unpack(_recv_exactly(sock, _HEADER.size))
     return pickle.loads(_recv_exactly(sock, n))
 
@@ -136,12 +134,6 @@ def _connect(name: str) -> socket.socket:
     return sock
 
 
-def _reap() -> None:
-    for child in list(_children):
-        if child.poll() is not None:
-            _children.remove(child)
-
-
 def _tail(path: Path, lines: int = 20) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -149,27 +141,25 @@ def _tail(path: Path, lines: int = 20) -> str:
         return "(no log)"
 
 
-def start(local_dir: str, app: str, group: int, watch: int, idle_seconds: int) -> subprocess.Popen:
-    """Start an owner for `group` (it exits at once if another one already answers)."""
+# What starts a zygote for owners (`shardless.processor.runtime.zygote`): the owner's side.
+ZYGOTE = [sys.executable, "-m", "shardless.processor.runtime.owner_process", "zygote"]
+
+
+def start(
+    local_dir: str, app: str, group: int, watch: int, idle_seconds: int, timeout: float
+) -> int:
+    """Start an owner for `group` (it exits at once if another one already answers): a
+    fork of this environment's zygote, started first if none answers. The owner's pid."""
     logs = log_path(local_dir, app, group)
     logs.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env["PYTHONPATH"] = installed_pyspark.child_path()  # compiled PySpark, not its zip
-    with open(logs, "ab") as out:
-        child = subprocess.Popen(
-            [
-                sys.executable, "-m", "shardless.processor.runtime.owner",
-                address(local_dir, app, group), str(watch), str(idle_seconds),
-            ],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
-        )  # fmt: skip
-    _children.append(child)
-    return child
+    spawn = [sys.executable, *ZYGOTE[1:]]
+    args = [address(local_dir, app, group), str(watch), str(idle_seconds)]
+    try:
+        return zygote.fork(spawn, env, watch, idle_seconds, args, logs, timeout)
+    except zygote.ZygoteError as exc:
+        raise OwnerError(f"group {group}'s owner process did not start because {exc}") from exc
 
 
 def connect(
@@ -183,26 +173,33 @@ def connect(
     """A connection to `group`'s owner on this host, started if none answers. `watch`:
     the process whose end ends the owner (default: this process's parent)."""
     check_supported()
-    _reap()
     name = address(local_dir, app, group)
     try:
         return _connect(name)
     except (ConnectionRefusedError, FileNotFoundError):
         pass
-    child = start(local_dir, app, group, os.getppid() if watch is None else watch, idle_seconds)
     deadline = time.monotonic() + timeout
+    child = start(
+        local_dir, app, group, os.getppid() if watch is None else watch, idle_seconds, timeout
+    )
     while True:
         try:
             return _connect(name)
         except (ConnectionRefusedError, FileNotFoundError):
             pass
-        if child.poll() not in (None, 0) or time.monotonic() > deadline:
-            if child.poll() is None:
-                child.kill()
+        gone = not pid_alive(child)
+        if gone or time.monotonic() > deadline:
+            try:  # it lost the name to an owner started at once, which answers now
+                return _connect(name)
+            except (ConnectionRefusedError, FileNotFoundError):
+                pass
+            if not gone:
+                os.kill(child, 9)
             where = log_path(local_dir, app, group)
+            why = "it exited" if gone else f"{timeout:.0f} s allowed"
             raise OwnerError(
-                f"group {group}'s owner process did not start (exit code {child.poll()}, "
-                f"{timeout:.0f} s allowed); its log, {where}:\n{_tail(where)}"
+                f"group {group}'s owner process did not start ({why}); its log, {where}:\n"
+                f"{_tail(where)}"
             )
         time.sleep(0.005)
 
@@ -240,9 +237,9 @@ def call(
         accepted = None
         try:
             with sock:
-                _send(sock, request)
-                accepted = _recv(sock)[1]  # the owner's pid: it has the batch
-                kind, value, text = _recv(sock)
+                send_message(sock, request)
+                accepted = recv_message(sock)[1]  # the owner's pid: it has the batch
+                kind, value, text = recv_message(sock)
             break
         except (EOFError, ConnectionError) as exc:
             where = log_path(cfg.local_dir, cfg.location.app, group)
@@ -277,9 +274,9 @@ def _ask(local_dir: str, app: str, group: int, kind: str) -> Any:
     except (ConnectionRefusedError, FileNotFoundError):
         return None
     with sock:
-        _send(sock, (kind, None))
+        send_message(sock, (kind, None))
         try:
-            return _recv(sock)[1]
+            return recv_message(sock)[1]
         except (EOFError, ConnectionError):
             return None
 
@@ -293,111 +290,3 @@ def stop(local_dir: str, app: str, group: int) -> int | None:
     """Stop `group`'s owner on this host once it is between batches; its pid, None if
     none answered."""
     return _ask(local_dir, app, group, "stop")
-
-
-# The owner's side.
-
-
-def _reply_error(exc: BaseException) -> tuple[str, Any, str]:
-    text = "".join(traceback.format_exception(exc))
-    try:
-        pickle.loads(pickle.dumps(exc, protocol=5))  # an exception that cannot cross goes as text
-    except Exception:  # noqa: BLE001
-        return ("error", None, f"{type(exc).__name__}: {exc}\n{text}")
-    return ("error", exc, text)
-
-
-def _serve(conn: socket.socket, runners: dict[bytes, Any]) -> bool:
-    """Answer one call; False once asked to stop."""
-
-    try:
-        kind, payload = _recv(conn)
-    except (EOFError, OSError):
-        raise
-    except Exception as exc:  # noqa: BLE001 - a request this owner cannot read
-        log.warning("a request could not be read: %s", exc)
-        _send(conn, _reply_error(OwnerError(f"the owner could not read the request: {exc}")))
-        return True
-    if kind in ("pid", "stop"):
-        _send(conn, ("ok", os.getpid(), ""))
-        return kind != "stop"
-    digest, blob, bc, sent_at = payload
-    _send(conn, ("accepted", os.getpid(), ""))
-    waited = time.time() - sent_at
-    runner = runners.get(digest)
-    try:
-        if runner is None:
-            runner = pickle.loads(blob)
-            runners[digest] = runner
-            while len(runners) > _RUNNERS_KEPT:
-                runners.pop(next(iter(runners)))
-        timings = {**bc.timings, "owner_request": waited}
-        with profiled(bc.group, bc.batch), no_cycle_collection():
-            value = runner.run(
-                bc.group, bc.query, bc.batch, bc.pdf, bc.pending, bc.now_ms, bc.watermark_ms,
-                timings,
-            )  # fmt: skip
-        reply: tuple[str, Any, str] = ("ok", value, "")
-    except BaseException as exc:  # noqa: BLE001 - everything goes back to the worker
-        log.exception("group %s batch %s failed", bc.group, bc.batch)
-        reply = _reply_error(exc)
-    try:
-        _send(conn, reply)
-    except OSError as exc:  # the worker is gone: its task fails and Spark runs it again
-        log.warning(
-            "group %s batch %s: the worker left before the result: %s", bc.group, bc.batch, exc
-        )
-    return True
-
-
-def serve(name: str, watch: int, idle_seconds: float) -> int:
-    """Answer calls at `name` until idle for `idle_seconds` or `watch` is gone."""
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        listener.bind("\0" + name)
-    except OSError as exc:
-        log.info("another owner already answers at %s (%s): exiting", name, exc)
-        return 0
-    listener.listen(64)
-    listener.settimeout(1.0)
-    log.info("owner %s (pid %s) watching pid %s", name, os.getpid(), watch)
-    runners: dict[bytes, Any] = {}
-    last = time.monotonic()
-    with listener:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                if not pid_alive(watch):
-                    log.info("pid %s is gone: exiting", watch)
-                    return 0
-                if time.monotonic() - last > idle_seconds:
-                    log.info("idle for %.0f s: exiting", idle_seconds)
-                    return 0
-                continue
-            with conn:
-                conn.settimeout(None)
-                try:
-                    check_peer(conn, name)
-                except OwnerError as exc:
-                    log.warning("a connection refused: %s", exc)
-                    continue
-                try:
-                    if not _serve(conn, runners):
-                        log.info("asked to stop: exiting")
-                        return 0
-                except (EOFError, OSError) as exc:
-                    log.warning("a call broke off: %s", exc)
-            last = time.monotonic()
-
-
-def main(argv: list[str] | None = None) -> int:
-    name, watch, idle = argv if argv is not None else sys.argv[1:]
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
-    )
-    return serve(name, int(watch), float(idle))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

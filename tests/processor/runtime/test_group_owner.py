@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -32,6 +33,13 @@ from tests.processor.runtime.test_runtime import (
 )
 
 pytestmark = pytest.mark.skipif(not owner.supported(), reason="owner processes need Linux")
+
+
+def _ppid(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("PPid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no PPid for {pid}")
 
 
 def _gone(pid: int, within: float = 15.0) -> bool:
@@ -100,6 +108,31 @@ def test_an_owner_runs_every_batch_of_its_group_and_keeps_its_stores(location, o
     assert owner.pid(r.local_dir, r.app, 0) == seen[0]
     assert "shardless.processor.runtime.owner" in Path(f"/proc/{seen[0]}/cmdline").read_text()
     assert durable_counts(location) == Counter(KEYS)
+
+
+def test_owners_of_every_group_and_application_fork_from_one_zygote(location, tmp_path):
+    """An owner is a fork of its environment's zygote, which did the owner's imports once:
+    owners of other groups and applications share it, each in a session of its own."""
+    apps = [
+        replace(location, app=f"{location.app}-{i}", prefix=f"{location.prefix}-{i}") for i in "ab"
+    ]
+    first = OwnedRunner(apps[0], tmp_path)
+    # groups 0 and 1 of one application, and group 1 of another
+    runs = [(first, 0), (first, 1), (OwnedRunner(apps[1], tmp_path), 1)]
+    try:
+        pids = [metrics_of(r.run(g, 0, None))["pid"] for r, g in runs]
+        assert len(set(pids)) == 3 and os.getpid() not in pids
+        parents = {_ppid(p) for p in pids}
+        assert len(parents) == 1 and os.getpid() not in parents
+        (z,) = parents
+        assert "owner_process\0zygote" in Path(f"/proc/{z}/cmdline").read_text()
+        assert all(os.getsid(p) == p for p in pids)
+        # the zygote has what a batch imports: its children did not import it again
+        maps = Path(f"/proc/{z}/maps").read_text()
+        assert "pandas" in maps and "pyarrow" in maps
+    finally:
+        for r, g in runs:
+            r.stop(g)
 
 
 def test_a_worker_and_an_owner_taking_turns_keep_every_write(location, owned, tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -84,17 +85,16 @@ def test_an_owner_process_gets_the_path_without_the_shipped_zips(monkeypatch, tm
     """The owner a worker starts inherits the worker's path, less the shipped zips: its
     PYTHONPATH, read from the running process, names neither."""
     monkeypatch.setattr(sys, "path", [*SHIPPED, *sys.path, "/somewhere/else.zip"])
-    child = owner.start(str(tmp_path), "app", 0, watch=os.getpid(), idle_seconds=5)
+    child = owner.start(str(tmp_path), "app", 0, watch=os.getpid(), idle_seconds=5, timeout=60)
     try:
-        environ = _environ_once_exec_is_done(child.pid)
+        environ = _environ_once_exec_is_done(child)
         key = b"PYTHONPATH="
         (found,) = [e[len(key) :].decode() for e in environ if e.startswith(key)]
         parts = found.split(os.pathsep)
         assert not set(SHIPPED) & set(parts)
         assert "/somewhere/else.zip" in parts
     finally:
-        child.kill()
-        child.wait()
+        os.kill(child, signal.SIGKILL)
 
 
 def test_the_daemon_probe_says_no_for_an_interpreter_that_cannot_import_it(tmp_path):
