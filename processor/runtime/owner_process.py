@@ -126,12 +126,15 @@ def serve(name: str, watch: int, idle_seconds: float) -> int:
 
 def _preload() -> None:
     """What an owner's first batch imports: the group runner and, through it, pandas,
-    pyarrow, boto3, the changelog and the handler API; and cloudpickle, which unpickles the
-    runner."""
+    pyarrow, boto3, the changelog and the handler API; cloudpickle, which unpickles the
+    runner; and the S3 and DynamoDB models its clients are made from."""
     import pyarrow  # noqa: F401 - imported here so that no fork imports it again
     from pyspark import cloudpickle  # noqa: F401
 
+    from shardless.changelog import aws
     from shardless.processor.runtime import group_runner  # noqa: F401
+
+    aws.warm()
 
 
 def main(argv: list[str] | None = None) -> int:

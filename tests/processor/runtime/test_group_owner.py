@@ -374,3 +374,20 @@ def test_an_owner_profiles_its_batches_when_asked(owned, monkeypatch, tmp_path) 
     assert found.is_file()  # written by the owner process, named for its group and batch
     functions = {name for _file, _line, name in pstats.Stats(str(found)).stats}
     assert "run_slice" in functions
+
+
+def test_the_zygotes_imports_include_the_models_of_the_owners_clients():
+    """The zygote reads the S3 and DynamoDB models before it forks, so an owner makes its
+    clients without reading them; and its imports leave no Python thread running."""
+    script = (
+        "import threading\n"
+        "from shardless.processor.runtime import owner_process\n"
+        "owner_process._preload()\n"
+        "from shardless.changelog import aws\n"
+        "(session,) = aws._sessions.values()\n"
+        "read = {k[1] for k in session._loader._cache if k[0] == 'load_service_model'}\n"
+        "print(sorted(read), threading.active_count())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["['dynamodb',", "'s3']", "1"]
