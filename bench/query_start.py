@@ -1,23 +1,28 @@
-"""How long a query takes to start and drain a small stream, with Spark's Python processes
-started through shardless's launcher or directly: `python -m bench.query_start --json`.
+"""How long a query takes to start and drain a small stream, by default and with either of
+the two things that make it faster turned off: `python -m bench.query_start --json`.
 
 Each run is a new driver process with a new `local[2]` session made by shardless's own
 `session()`, on the project's emulators. It runs `--queries` queries one after another,
 each a new application over a new stream of `--records` records (2 shards, one batch),
 `--available-now`, with the default configuration otherwise. Every query start makes
 Spark start the processes that plan its two Python data sources (the Kinesis source and
-the timer source) and run them as streaming sources. Two arms alternate run by run:
+the timer source) and run them as streaming sources, and each new application's first
+batch starts its groups' owner processes. Three arms take turns run by run:
 
-- `launcher`: the default; the context starts its Python processes through
-  `installed_pyspark.launcher`, which takes PySpark's shipped zips off their path;
+- `default`: the context starts its Python processes through
+  `installed_pyspark.launcher`, which takes PySpark's shipped zips off their path, and
+  each owner is a fork of the executor's zygote, which has the owner's imports done;
 - `direct`: the launcher turned off (as before it existed): those processes compile
-  PySpark from Spark's zip. Task workers come from shardless's daemon in both arms.
+  PySpark from Spark's zip. Task workers come from shardless's daemon in every arm;
+- `spawn`: `SHARDLESS_OWNER_ZYGOTE=0` (as before the zygote): each owner is a new
+  interpreter that does its own imports.
 
-A run whose context did not take its arm's interpreter, or whose queries did not deliver
-every record, is refused. Figures, per arm: the median over the runs of a query's seconds
-from `start()` until it ended (its one batch delivered), the first query of each run apart
-(it also warms the session up); and the ratio `launcher` over `direct` of the later
-queries' medians, from the same run.
+A run is refused if its context did not take its arm's interpreter, if its owners were
+not forks of a zygote (or, under `spawn`, were), or if its queries did not deliver every
+record. Figures, per arm: the median over the runs of a query's seconds from `start()`
+until it ended (its one batch delivered), the first query of each run apart (it also warms
+the session up); and the ratios of the later queries' medians, `default` over each other
+arm, from the same run.
 """
 
 from __future__ import annotations
@@ -32,7 +37,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-ARMS = ("launcher", "direct")
+from shardless.processor.runtime.owner import ZYGOTE_ENV
+
+ARMS = ("default", "direct", "spawn")
+
 SHARDS = 2
 
 _RUN = """\
@@ -72,9 +80,14 @@ for i, stream in enumerate(streams):
     queries.append({{"seconds": time.perf_counter() - began, "batches": len(reports),
                     "records": sum(r.records for r in reports)}})
 python_exec = spark.sparkContext.pythonExec
+owners = sorted({{p for r in reports for p in r.group_pids.values()}})  # the last query's
+parents = []
+for pid in owners:
+    ppid = [ln.split()[1] for ln in open(f"/proc/{{pid}}/status") if ln.startswith("PPid:")][0]
+    parents.append(open(f"/proc/{{ppid}}/cmdline").read().replace("\\0", " "))
 spark.stop()
 print("RESULT " + json.dumps({{"python_exec": python_exec, "python": sys.executable,
-                              "queries": queries}}))
+                              "queries": queries, "owner_parents": parents}}))
 """
 
 
@@ -89,6 +102,9 @@ def run_once(arm: str, work: Path, queries: int, records: int) -> dict[str, Any]
         per_shard=records, app=str(REPO / "examples" / "user_activity.py"),
     )  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_")}
+    env.pop(ZYGOTE_ENV, None)
+    if arm == "spawn":
+        env[ZYGOTE_ENV] = "0"
     done = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900
     )
@@ -101,11 +117,16 @@ def run_once(arm: str, work: Path, queries: int, records: int) -> dict[str, Any]
 
 
 def check(arm: str, result: dict[str, Any], queries: int, records: int) -> None:
-    """The context took its arm's interpreter (the launcher, or the driver's own Python), and
-    every query delivered every record."""
+    """The context took its arm's interpreter (the launcher, or the driver's own Python),
+    the owners were forks of a zygote or not as the arm has them, and every query delivered
+    every record."""
     launched = result["python_exec"] != result["python"]
-    if launched != (arm == "launcher"):
+    if launched != (arm != "direct"):
         raise RuntimeError(f"the {arm} run's context ran Python as {result['python_exec']}")
+    parents = result["owner_parents"]
+    forked = [" zygote " in p for p in parents]
+    if not parents or any(f != (arm != "spawn") for f in forked):
+        raise RuntimeError(f"the {arm} run's owners were started by {parents}")
     got = [q["records"] for q in result["queries"]]
     if got != [records] * queries:
         raise RuntimeError(f"the {arm} run's queries delivered {got} records, not {records} each")
@@ -117,7 +138,7 @@ def _median(values: list[float]) -> float:
 
 def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Per arm, medians of the first queries' and the later queries' figures; the later
-    queries' ratios, launcher over direct."""
+    queries' ratios, `default` over each other arm, and the seconds it saves."""
     arms: dict[str, dict[str, Any]] = {}
     for arm, rs in runs.items():
         first = [r["queries"][0] for r in rs]
@@ -128,13 +149,14 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "query_s": _median([q["seconds"] for q in later]) if later else None,
             "batches": _median([q["batches"] for r in rs for q in r["queries"]]),
         }
-    on, off = arms["launcher"]["query_s"], arms["direct"]["query_s"]
-    return {
-        "arms": arms,
-        "query_launcher_over_direct": round(on / off, 3) if on and off else None,
-        "query_saved_s": round(off - on, 3) if on and off else None,
-        "runs": runs,
-    }
+    out: dict[str, Any] = {"arms": arms}
+    on = arms["default"]["query_s"]
+    for other in (a for a in arms if a != "default"):
+        off = arms[other]["query_s"]
+        out[f"query_default_over_{other}"] = round(on / off, 3) if on and off else None
+        out[f"query_saved_s_against_{other}"] = round(off - on, 3) if on and off else None
+    out["runs"] = runs
+    return out
 
 
 def measure(reps: int, queries: int, records: int) -> dict[str, Any]:
@@ -146,7 +168,7 @@ def measure(reps: int, queries: int, records: int) -> dict[str, Any]:
         try:
             with aws.env_applied():
                 for i in range(reps):
-                    for arm in ARMS if i % 2 == 0 else reversed(ARMS):
+                    for arm in ARMS[i % len(ARMS) :] + ARMS[: i % len(ARMS)]:
                         runs[arm].append(run_once(arm, Path(tmp), queries, records))
         finally:
             aws.stop()
@@ -171,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{arm:9s} first query {f['first_query_s']:6.2f} s  later queries "
                 f"{f['query_s']:5.2f} s"
             )
-        print(f"later queries, launcher / direct: {out['query_launcher_over_direct']}")
+        for other in ARMS[1:]:
+            print(f"later queries, default / {other}: {out[f'query_default_over_{other}']}")
     return 0
 
 

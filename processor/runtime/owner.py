@@ -33,6 +33,7 @@ import os
 import pickle
 import socket
 import struct
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -141,8 +142,11 @@ def _tail(path: Path, lines: int = 20) -> str:
         return "(no log)"
 
 
-# What starts a zygote for owners (`shardless.processor.runtime.zygote`): the owner's side.
-ZYGOTE = [sys.executable, "-m", "shardless.processor.runtime.owner_process", "zygote"]
+_OWNER_MODULE = "shardless.processor.runtime.owner_process"
+# "0": start each owner as a new interpreter instead of a fork of the zygote (as before
+# the zygote; bench.query_start's `spawn` arm measures against it).
+ZYGOTE_ENV = "SHARDLESS_OWNER_ZYGOTE"
+_spawned: dict[int, subprocess.Popen] = {}
 
 
 def start(
@@ -154,12 +158,38 @@ def start(
     logs.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env["PYTHONPATH"] = installed_pyspark.child_path()  # compiled PySpark, not its zip
-    spawn = [sys.executable, *ZYGOTE[1:]]
     args = [address(local_dir, app, group), str(watch), str(idle_seconds)]
+    if os.environ.get(ZYGOTE_ENV, "1") == "0":
+        return _spawn([sys.executable, "-m", _OWNER_MODULE, *args], env, logs)
+    spawn = [sys.executable, "-m", _OWNER_MODULE, "zygote"]
     try:
         return zygote.fork(spawn, env, watch, idle_seconds, args, logs, timeout)
     except zygote.ZygoteError as exc:
         raise OwnerError(f"group {group}'s owner process did not start because {exc}") from exc
+
+
+def _spawn(cmd: list[str], env: dict[str, str], logs: Path) -> int:
+    for pid, child in list(_spawned.items()):
+        if child.poll() is not None:
+            del _spawned[pid]
+    with open(logs, "ab") as out:
+        child = subprocess.Popen(
+            cmd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+    _spawned[child.pid] = child
+    return child.pid
+
+
+def _exited(pid: int) -> bool:
+    """Whether the owner `pid` has exited (a spawned one is this process's child)."""
+    child = _spawned.get(pid)
+    return child.poll() is not None if child is not None else not pid_alive(pid)
 
 
 def connect(
@@ -187,7 +217,7 @@ def connect(
             return _connect(name)
         except (ConnectionRefusedError, FileNotFoundError):
             pass
-        gone = not pid_alive(child)
+        gone = _exited(child)
         if gone or time.monotonic() > deadline:
             try:  # it lost the name to an owner started at once, which answers now
                 return _connect(name)

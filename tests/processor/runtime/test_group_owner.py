@@ -251,7 +251,9 @@ def test_workers_starting_an_owner_at_once_share_one(location, tmp_path):
         owner.stop(str(tmp_path), location.app, 3)
 
 
-def test_an_owner_that_cannot_start_names_its_log(location, tmp_path, monkeypatch):
+@pytest.mark.parametrize("zygote", ["1", "0"])
+def test_an_owner_that_cannot_start_names_its_log(location, tmp_path, monkeypatch, zygote):
+    monkeypatch.setenv(owner.ZYGOTE_ENV, zygote)
     monkeypatch.setattr(sys, "executable", "/bin/false")
     with pytest.raises(owner.OwnerError, match=r"group 4's owner process did not start .*g00004"):
         owner.connect(str(tmp_path), location.app, 4, watch=os.getpid(), timeout=5)
@@ -374,6 +376,20 @@ def test_an_owner_profiles_its_batches_when_asked(owned, monkeypatch, tmp_path) 
     assert found.is_file()  # written by the owner process, named for its group and batch
     functions = {name for _file, _line, name in pstats.Stats(str(found)).stats}
     assert "run_slice" in functions
+
+
+def test_without_the_zygote_an_owner_is_a_new_interpreter(location, owned, monkeypatch):
+    """SHARDLESS_OWNER_ZYGOTE=0: the worker starts the owner itself, as a new interpreter."""
+    monkeypatch.setenv(owner.ZYGOTE_ENV, "0")
+    r = owned()
+    pid = metrics_of(r.run(0, 0, frame(KEYS[:50])))["pid"]
+    assert _ppid(pid) == os.getpid() and os.getsid(pid) == pid
+    assert Path(f"/proc/{pid}/cmdline").read_text().split("\0")[-4:-1] == [
+        owner.address(r.local_dir, r.app, 0),
+        str(os.getpid()),
+        "60",
+    ]
+    r.stop()
 
 
 def test_the_zygotes_imports_include_the_models_of_the_owners_clients():
