@@ -42,7 +42,7 @@ from typing import Any
 
 from shardless.processor.errors import ConfigError, ProcessorError
 from shardless.processor.runtime import installed_pyspark, zygote
-from shardless.processor.runtime.process import pid_alive
+from shardless.processor.runtime.process import log_tail, pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -135,13 +135,6 @@ def _connect(name: str) -> socket.socket:
     return sock
 
 
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
 _OWNER_MODULE = "shardless.processor.runtime.owner_process"
 # "0": start each owner as a new interpreter instead of a fork of the zygote (as before
 # the zygote; bench.query_start's `spawn` arm measures against it).
@@ -229,7 +222,7 @@ def connect(
             why = "it exited" if gone else f"{timeout:.0f} s allowed"
             raise OwnerError(
                 f"group {group}'s owner process did not start ({why}); its log, {where}:\n"
-                f"{_tail(where)}"
+                f"{log_tail(where)}"
             )
         time.sleep(0.005)
 
@@ -283,13 +276,13 @@ def call(
                 log.warning(
                     "group %s batch %s: its owner process %s ended during the batch (%s); "
                     "running it in a new owner. Its log, %s:\n%s",
-                    group, batch, accepted, exc, where, _tail(where),
+                    group, batch, accepted, exc, where, log_tail(where),
                 )  # fmt: skip
                 continue
             raise OwnerError(
                 f"group {group}'s owner process ended during batch {batch}"
                 f"{' twice' if reruns else ''} ({exc}); Spark runs the task again. Its log, "
-                f"{where}:\n{_tail(where)}"
+                f"{where}:\n{log_tail(where)}"
             ) from exc
     if kind == "ok":
         return value

@@ -24,7 +24,7 @@ from shardless.processor.runtime.owner import (
     recv_message,
     send_message,
 )
-from shardless.processor.runtime.process import no_cycle_collection, pid_alive, profiled
+from shardless.processor.runtime.process import accepted, no_cycle_collection, profiled
 
 log = logging.getLogger(__name__)
 
@@ -92,36 +92,23 @@ def serve(name: str, watch: int, idle_seconds: float) -> int:
         log.info("another owner already answers at %s (%s): exiting", name, exc)
         return 0
     listener.listen(64)
-    listener.settimeout(1.0)
     log.info("owner %s (pid %s) watching pid %s", name, os.getpid(), watch)
     runners: dict[bytes, Any] = {}
-    last = time.monotonic()
     with listener:
-        while True:
+        for conn in accepted(listener, watch, idle_seconds):
+            conn.settimeout(None)
             try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                if not pid_alive(watch):
-                    log.info("pid %s is gone: exiting", watch)
-                    return 0
-                if time.monotonic() - last > idle_seconds:
-                    log.info("idle for %.0f s: exiting", idle_seconds)
-                    return 0
+                check_peer(conn, name)
+            except OwnerError as exc:
+                log.warning("a connection refused: %s", exc)
                 continue
-            with conn:
-                conn.settimeout(None)
-                try:
-                    check_peer(conn, name)
-                except OwnerError as exc:
-                    log.warning("a connection refused: %s", exc)
-                    continue
-                try:
-                    if not _serve(conn, runners):
-                        log.info("asked to stop: exiting")
-                        return 0
-                except (EOFError, OSError) as exc:
-                    log.warning("a call broke off: %s", exc)
-            last = time.monotonic()
+            try:
+                if not _serve(conn, runners):
+                    log.info("asked to stop: exiting")
+                    return 0
+            except (EOFError, OSError) as exc:
+                log.warning("a call broke off: %s", exc)
+    return 0
 
 
 def _preload() -> None:

@@ -1,17 +1,23 @@
 """The Python process a group's batch runs in: the garbage collector paused for the batch,
-optional profiling, and whether another process is alive. Used by the group runner in a
-Spark Python worker and by a group's owner process alike."""
+optional profiling, whether another process is alive, and the accept loop of the helper
+processes that live as long as the process they watch. Used by the group runner in a Spark
+Python worker, by a group's owner process and by the zygote owners fork from."""
 
 from __future__ import annotations
 
 import contextlib
 import cProfile
 import gc
+import logging
 import os
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 PROFILE_ENV = "SHARDLESS_PROFILE_DIR"
+
+log = logging.getLogger(__name__)
 
 
 def pid_alive(pid: int) -> bool:
@@ -23,6 +29,35 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def accepted(listener: socket.socket, watch: int, idle_seconds: float) -> Iterator[socket.socket]:
+    """Connections to `listener`, one at a time (each closed once the caller has answered
+    it), until the process `watch` is gone or none came for `idle_seconds` after the last."""
+    listener.settimeout(1.0)
+    last = time.monotonic()
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            if not pid_alive(watch):
+                log.info("pid %s is gone: exiting", watch)
+                return
+            if time.monotonic() - last > idle_seconds:
+                log.info("idle for %.0f s: exiting", idle_seconds)
+                return
+            continue
+        with conn:
+            yield conn
+        last = time.monotonic()
+
+
+def log_tail(path: Path, lines: int = 20) -> str:
+    """The last `lines` of a helper process's log, for an error message."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ request. Linux only, as owners are (abstract Unix sockets)."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import json
 import logging
@@ -29,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from shardless.processor.errors import ProcessorError
-from shardless.processor.runtime.process import pid_alive
+from shardless.processor.runtime.process import accepted, log_tail
 
 log = logging.getLogger(__name__)
 
@@ -65,13 +66,6 @@ def _connect(name: str) -> socket.socket:
         sock.close()
         raise
     return sock
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 def _spawn(
@@ -123,7 +117,7 @@ def fork(
                 if time.monotonic() > deadline:
                     raise ZygoteError(
                         f"the zygote {name} forked nothing in {timeout:.0f} s ({exc}); its "
-                        f"log, {logs}:\n{_tail(logs)}"
+                        f"log, {logs}:\n{log_tail(logs)}"
                     ) from exc
                 started = None
         if started is None:
@@ -134,7 +128,7 @@ def fork(
                 started.kill()
             raise ZygoteError(
                 f"the zygote did not start (exit code {code}, {timeout:.0f} s allowed); its "
-                f"log, {logs}:\n{_tail(logs)}"
+                f"log, {logs}:\n{log_tail(logs)}"
             )
         time.sleep(0.005)
 
@@ -208,24 +202,12 @@ def serve(
         log.error("Python threads %s after the imports: a fork would lose them; exiting", names)
         return 1
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped as they exit
-    listener.settimeout(1.0)
+    gc.freeze()  # the children's collections leave the zygote's objects (and pages) alone
     log.info("zygote %s (pid %s) watching pid %s", name, os.getpid(), watch)
-    last = time.monotonic()
     with listener:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                if not pid_alive(watch):
-                    log.info("pid %s is gone: exiting", watch)
-                    return 0
-                if time.monotonic() - last > idle_seconds:
-                    log.info("idle for %.0f s: exiting", idle_seconds)
-                    return 0
-                continue
-            last = time.monotonic()
-            with conn:
-                _answer(conn, listener, target)
+        for conn in accepted(listener, watch, idle_seconds):
+            _answer(conn, listener, target)
+    return 0
 
 
 def _read_line(sock: socket.socket, limit: int = 1 << 16) -> bytes:

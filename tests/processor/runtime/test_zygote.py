@@ -19,7 +19,7 @@ from shardless.processor.runtime import zygote
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
 SCRIPT = """\
-import os, sys, threading, time
+import gc, os, sys, threading, time
 from shardless.processor.runtime import zygote
 
 def preload():
@@ -29,6 +29,7 @@ def preload():
 
 def target(args):
     print("child", os.getpid(), "of", os.getppid(), "args", args, flush=True)
+    print("frozen", gc.get_freeze_count(), flush=True)
     time.sleep(float(args[0]))
     return 0
 
@@ -101,6 +102,9 @@ def test_children_are_forks_of_one_zygote_each_in_a_session_and_log_of_its_own(f
     assert f"child {a} of {z} args ['30']" in _log_has(tmp_path / "a.log", f"child {a}")
     text = _log_has(tmp_path / "b.log", f"child {b}")
     assert os.getsid(a) == a and os.getsid(b) == b  # not the zygote's session
+    # the zygote's objects are frozen: a child's collections do not copy their pages
+    frozen = _log_has(tmp_path / "b.log", "frozen").split("frozen ")[1].split()[0]
+    assert int(frozen) > 1000
     # the zygote ignores SIGCHLD to reap its children; a child waits for its own again
     assert not _ignored(z) & _ignored(a) & (1 << (signal.SIGCHLD - 1))
     assert _ignored(z) & (1 << (signal.SIGCHLD - 1))
@@ -126,6 +130,7 @@ def test_a_child_keeps_none_of_the_zygotes_sockets(forked, tmp_path):
     """With the zygote killed, its name no longer answers although its child runs: the
     child closed the listening socket it inherited. The next fork starts a new zygote."""
     child = forked(tmp_path / "a.log")
+    _log_has(tmp_path / "a.log", f"child {child}")  # it runs its target: its setup is done
     z = _ppid(child)
     os.kill(z, signal.SIGKILL)
     assert _gone(z)
