@@ -42,7 +42,7 @@ from typing import Any
 
 from shardless.processor.errors import ConfigError, ProcessorError
 from shardless.processor.runtime import installed_pyspark, zygote
-from shardless.processor.runtime.process import log_tail, pid_alive
+from shardless.processor.runtime.process import log_tail, pid_alive, spawn_detached
 
 log = logging.getLogger(__name__)
 
@@ -165,16 +165,7 @@ def _spawn(cmd: list[str], env: dict[str, str], logs: Path) -> int:
     for pid, child in list(_spawned.items()):
         if child.poll() is not None:
             del _spawned[pid]
-    with open(logs, "ab") as out:
-        child = subprocess.Popen(
-            cmd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
-        )
+    child = spawn_detached(cmd, env, logs)
     _spawned[child.pid] = child
     return child.pid
 

@@ -24,7 +24,12 @@ from shardless.processor.runtime.owner import (
     recv_message,
     send_message,
 )
-from shardless.processor.runtime.process import accepted, no_cycle_collection, profiled
+from shardless.processor.runtime.process import (
+    accepted,
+    listening,
+    no_cycle_collection,
+    profiled,
+)
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +90,9 @@ def _serve(conn: socket.socket, runners: dict[bytes, Any]) -> bool:
 
 def serve(name: str, watch: int, idle_seconds: float) -> int:
     """Answer calls at `name` until idle for `idle_seconds` or `watch` is gone."""
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        listener.bind("\0" + name)
-    except OSError as exc:
-        log.info("another owner already answers at %s (%s): exiting", name, exc)
+    listener = listening(name, "owner")
+    if listener is None:
         return 0
-    listener.listen(64)
     log.info("owner %s (pid %s) watching pid %s", name, os.getpid(), watch)
     runners: dict[bytes, Any] = {}
     with listener:

@@ -11,6 +11,7 @@ import gc
 import logging
 import os
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,6 +51,35 @@ def accepted(listener: socket.socket, watch: int, idle_seconds: float) -> Iterat
         with conn:
             yield conn
         last = time.monotonic()
+
+
+def listening(name: str, what: str) -> socket.socket | None:
+    """A socket listening at the abstract Unix name `name`, or None if another `what`
+    already holds it (two started at once: the second exits and both callers use the first)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind("\0" + name)
+    except OSError as exc:
+        listener.close()
+        log.info("another %s already answers at %s (%s): exiting", what, name, exc)
+        return None
+    listener.listen(64)
+    return listener
+
+
+def spawn_detached(cmd: list[str], env: dict[str, str], logs: Path) -> subprocess.Popen:
+    """Start `cmd` in a session of its own, with stdin closed and its output appended to
+    `logs`: a helper process that outlives the Spark task that started it."""
+    with open(logs, "ab") as out:
+        return subprocess.Popen(
+            cmd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
 
 
 def log_tail(path: Path, lines: int = 20) -> str:

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from shardless.processor.errors import ProcessorError
-from shardless.processor.runtime.process import accepted, log_tail
+from shardless.processor.runtime.process import accepted, listening, log_tail, spawn_detached
 
 log = logging.getLogger(__name__)
 
@@ -74,16 +74,7 @@ def _spawn(
     for child in list(_children):
         if child.poll() is not None:
             _children.remove(child)
-    with open(logs, "ab") as out:
-        child = subprocess.Popen(
-            [*spawn, name, str(watch), str(idle)],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
-        )
+    child = spawn_detached([*spawn, name, str(watch), str(idle)], env, logs)
     _children.append(child)
     return child
 
@@ -186,13 +177,9 @@ def serve(
 ) -> int:
     """Bind `name`, import what `preload` imports, then fork a child running `target` for
     each request, until idle for `idle_seconds` or `watch` is gone."""
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        listener.bind("\0" + name)
-    except OSError as exc:
-        log.info("another zygote already answers at %s (%s): exiting", name, exc)
+    listener = listening(name, "zygote")  # requests wait in its backlog during the imports
+    if listener is None:
         return 0
-    listener.listen(64)  # requests wait here while the imports run
     preload()
     # A fork keeps only the forking thread: a Python thread started by an import would be
     # lost with whatever it held. (The native pools of OpenBLAS and jemalloc, which numpy
