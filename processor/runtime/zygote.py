@@ -102,15 +102,18 @@ def fork(
         if sock is not None:
             try:
                 return _request(sock, {"args": args, "log": str(logs)}, deadline)
-            except (ConnectionError, EOFError) as exc:
+            except (OSError, EOFError) as exc:
                 # a zygote that was exiting (idle, or its watched process gone) as we
-                # connected: start another, until the deadline
+                # connected: start another (unless ours is still starting), until the deadline
                 if time.monotonic() > deadline:
                     raise ZygoteError(
                         f"the zygote {name} forked nothing in {timeout:.0f} s ({exc}); its "
                         f"log, {logs}:\n{log_tail(logs)}"
                     ) from exc
-                started = None
+                if started is not None and started.poll() is not None:
+                    started = None
+                time.sleep(0.05)
+                continue
         if started is None:
             started = _spawn(spawn, name, env, watch, idle_seconds, logs)
         elif started.poll() not in (None, 0) or time.monotonic() > deadline:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -167,3 +168,38 @@ def test_a_zygote_whose_imports_start_a_thread_refuses_to_fork(tmp_path):
         zygote.ZygoteError, match=r"(?s)did not start \(exit code 1.*'left-running'"
     ):
         zygote.fork(SPAWN, env, os.getpid(), 30, ["1"], tmp_path / "a.log", timeout=30)
+
+
+def test_a_requester_that_meets_a_zygote_going_away_waits_and_starts_one(
+    forked, tmp_path, monkeypatch
+):
+    """A zygote that hangs up without forking (it was exiting as the request came) is
+    asked again 50 ms later, not answered with a new zygote every few milliseconds; once
+    its name is free, one zygote is started and forks."""
+    name = zygote.address(SPAWN, dict(os.environ), os.getpid())
+    going = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    going.bind("\0" + name)
+    going.listen(8)
+    going.settimeout(0.02)
+    hung_up = []
+
+    def hang_up() -> None:
+        end = time.monotonic() + 0.4
+        while time.monotonic() < end:
+            try:
+                conn, _ = going.accept()
+            except TimeoutError:
+                continue
+            conn.close()
+            hung_up.append(1)
+        going.close()
+
+    spawned = []
+    real = zygote._spawn
+    monkeypatch.setattr(zygote, "_spawn", lambda *a: spawned.append(a) or real(*a))
+    thread = threading.Thread(target=hang_up)
+    thread.start()
+    child = forked(tmp_path / "a.log")
+    thread.join()
+    assert 2 <= len(hung_up) <= 10 and len(spawned) == 1
+    assert "zygote.serve" in Path(f"/proc/{_ppid(child)}/cmdline").read_text()
