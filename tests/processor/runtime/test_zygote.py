@@ -201,5 +201,5 @@ def test_a_requester_that_meets_a_zygote_going_away_waits_and_starts_one(
     thread.start()
     child = forked(tmp_path / "a.log")
     thread.join()
-    assert 2 <= len(hung_up) <= 10 and len(spawned) == 1
+    assert 1 <= len(hung_up) <= 12 and len(spawned) == 1  # 23 asked every 5 ms
     assert "zygote.serve" in Path(f"/proc/{_ppid(child)}/cmdline").read_text()
