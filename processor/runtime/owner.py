@@ -42,7 +42,7 @@ from typing import Any
 
 from shardless.processor.errors import ConfigError, ProcessorError
 from shardless.processor.runtime import installed_pyspark, zygote
-from shardless.processor.runtime.process import log_tail, pid_alive, spawn_detached
+from shardless.processor.runtime.process import log_tail, peer_uid, pid_alive, spawn_detached
 
 log = logging.getLogger(__name__)
 
@@ -99,17 +99,6 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytearray:
 def recv_message(sock: socket.socket) -> Any:
     (n,) = _HEADER.unpack(_recv_exactly(sock, _HEADER.size))
     return pickle.loads(_recv_exactly(sock, n))
-
-
-_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
-
-
-def peer_uid(sock: socket.socket) -> int:
-    """The user id of the process at the other end of a Unix socket (SO_PEERCRED)."""
-    _pid, uid, _gid = _PEERCRED.unpack(
-        sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-    )
-    return uid
 
 
 def check_peer(sock: socket.socket, name: str) -> None:

@@ -11,6 +11,7 @@ import gc
 import logging
 import os
 import socket
+import struct
 import subprocess
 import time
 from collections.abc import Iterator
@@ -80,6 +81,17 @@ def spawn_detached(cmd: list[str], env: dict[str, str], logs: Path) -> subproces
             start_new_session=True,
             close_fds=True,
         )
+
+
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The user id of the process at the other end of a Unix socket (SO_PEERCRED)."""
+    _pid, uid, _gid = _PEERCRED.unpack(
+        sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    )
+    return uid
 
 
 def log_tail(path: Path, lines: int = 20) -> str:

@@ -30,7 +30,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from shardless.processor.errors import ProcessorError
-from shardless.processor.runtime.process import accepted, listening, log_tail, spawn_detached
+from shardless.processor.runtime.process import (
+    accepted,
+    listening,
+    log_tail,
+    peer_uid,
+    spawn_detached,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,18 +54,13 @@ def address(spawn: list[str], env: dict[str, str], watch: int) -> str:
     return f"shardless-zygote-{hashlib.sha1(where.encode()).hexdigest()[:24]}"
 
 
-def _peer_uid(sock: socket.socket) -> int:
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-    return int.from_bytes(raw[4:8], sys.byteorder)
-
-
 def _connect(name: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect("\0" + name)
-        if _peer_uid(sock) != os.getuid():
+        if peer_uid(sock) != os.getuid():
             raise ZygoteError(
-                f"the process at the zygote socket {name!r} runs as uid {_peer_uid(sock)}, "
+                f"the process at the zygote socket {name!r} runs as uid {peer_uid(sock)}, "
                 f"not as this process's uid {os.getuid()}: refused"
             )
     except (OSError, ZygoteError):
@@ -215,8 +216,8 @@ def _answer(
 ) -> None:
     conn.settimeout(10.0)
     try:
-        if _peer_uid(conn) != os.getuid():
-            log.warning("a connection from uid %s refused", _peer_uid(conn))
+        if peer_uid(conn) != os.getuid():
+            log.warning("a connection from uid %s refused", peer_uid(conn))
             return
         request = json.loads(_read_line(conn))
         sys.stdout.flush()  # nothing of the zygote's buffered output goes to a child's log
