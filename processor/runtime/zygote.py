@@ -40,7 +40,8 @@ from shardless.processor.runtime.process import (
 
 log = logging.getLogger(__name__)
 
-_children: list[subprocess.Popen] = []
+_children: list[subprocess.Popen] = []  # the zygotes this process started, not yet reaped
+_children_lock = threading.Lock()  # requesters may start zygotes from several threads
 
 
 class ZygoteError(ProcessorError):
@@ -72,11 +73,10 @@ def _connect(name: str) -> socket.socket:
 def _spawn(
     spawn: list[str], name: str, env: dict[str, str], watch: int, idle: float, logs: Path
 ) -> subprocess.Popen:
-    for child in list(_children):
-        if child.poll() is not None:
-            _children.remove(child)
     child = spawn_detached([*spawn, name, str(watch), str(idle)], env, logs)
-    _children.append(child)
+    with _children_lock:
+        _children[:] = [c for c in _children if c.poll() is None]
+        _children.append(child)
     return child
 
 

@@ -203,3 +203,39 @@ def test_a_requester_that_meets_a_zygote_going_away_waits_and_starts_one(
     thread.join()
     assert 1 <= len(hung_up) <= 12 and len(spawned) == 1  # 23 asked every 5 ms
     assert "zygote.serve" in Path(f"/proc/{_ppid(child)}/cmdline").read_text()
+
+
+def test_threads_starting_zygotes_at_once_keep_the_list_of_started_ones_whole(
+    tmp_path, monkeypatch
+):
+    """Requesters on several threads may start zygotes at once (four did in the test
+    above): each forgets the exited ones it finds and keeps its own, and none fails
+    because another thread forgot an exited one first (a `ValueError` escaped before)."""
+    # exited but not yet waited for: polling each waits for it, letting other threads run
+    exited = [subprocess.Popen(["true"]) for _ in range(40)]
+    for p in exited:
+        assert _gone(p.pid)
+    monkeypatch.setattr(zygote, "_children", list(exited))
+    quick = [sys.executable, "-c", "import sys"]  # exits at once, whatever its arguments
+    ready = threading.Barrier(8)
+    failed: list[BaseException] = []
+    started: list[subprocess.Popen] = []
+
+    def start(i: int) -> None:
+        ready.wait()
+        try:
+            started.append(zygote._spawn(quick, f"name-{i}", {}, 1, 1.0, tmp_path / f"{i}.log"))
+        except BaseException as exc:  # noqa: BLE001 - the test reports it below
+            failed.append(exc)
+
+    threads = [threading.Thread(target=start, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for p in started:
+        p.wait()
+    assert failed == []
+    assert len(started) == 8
+    assert not set(zygote._children) & set(exited)  # every exited one was forgotten
+    assert set(started) >= set(zygote._children)
