@@ -60,7 +60,7 @@ def encode_segment(
     ]
     bodies, rows, offset = [], [], 0
     for slice_id, version, changes in sections:
-        payload = msgpack.packb([list(c) for c in changes], use_bin_type=True)
+        payload = msgpack.packb(changes, use_bin_type=True)  # (key, value) tuples: arrays
         head = _SECTION.pack(
             SECTION_MAGIC, FORMAT, slice_id, version, len(payload), zlib.crc32(payload)
         )

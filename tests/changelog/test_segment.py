@@ -171,6 +171,15 @@ def test_an_empty_section_is_a_header_and_an_empty_msgpack_list() -> None:
     assert _section(raw, refs[1])[SECTION_HEADER_SIZE:] == b"\x90"
 
 
+def test_a_section_payload_is_the_documented_msgpack_of_key_value_pairs() -> None:
+    """The bytes segments already in S3 hold: an array of [key, value-or-nil] arrays, keys
+    and values as msgpack bin (the encoder packs the changes' tuples as they are)."""
+    raw, refs = _sample()
+    first = _section(raw, refs[0])[SECTION_HEADER_SIZE:]
+    assert first == b"\x92\x92\xc4\x03d\x00a\xc4\x02\x01\x02\x92\xc4\x02db\xc0"
+    assert _section(raw, refs[2])[SECTION_HEADER_SIZE:] == b"\x91\x92\xc4\x02dc\xc4\x00"
+
+
 def test_a_section_asked_for_with_the_wrong_slice_is_refused_naming_both() -> None:
     raw, refs = _sample()
     ref = refs[0]
