@@ -70,17 +70,22 @@ def _gone(pid: int, within: float = 10.0) -> bool:
 def forked():
     """fork() with the test script; every child and zygote is killed afterwards."""
     pids: list[int] = []
+    started_before = set(zygote._children)
 
     def fork(log: Path, seconds: float = 30, env: dict | None = None, watch: int | None = None):
         pid = zygote.fork(
             SPAWN, dict(os.environ if env is None else env),
             os.getpid() if watch is None else watch, 30, [str(seconds)], log, timeout=30,
         )  # fmt: skip
-        pids.extend([pid, _ppid(pid)])
+        pids.append(pid)
+        # a child that exits at once may be reaped before its parent can be read from /proc;
+        # the zygotes this process started are killed below in any case
+        with contextlib.suppress(FileNotFoundError):
+            pids.append(_ppid(pid))
         return pid
 
     yield fork
-    for pid in pids:
+    for pid in pids + [p.pid for p in set(zygote._children) - started_before]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 
