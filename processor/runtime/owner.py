@@ -33,7 +33,6 @@ import os
 import pickle
 import socket
 import struct
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -42,7 +41,13 @@ from typing import Any
 
 from shardless.processor.errors import ConfigError, ProcessorError
 from shardless.processor.runtime import installed_pyspark, zygote
-from shardless.processor.runtime.process import log_tail, peer_uid, pid_alive, spawn_detached
+from shardless.processor.runtime.process import (
+    detached,
+    log_tail,
+    peer_uid,
+    pid_alive,
+    spawn_detached,
+)
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +133,6 @@ _OWNER_MODULE = "shardless.processor.runtime.owner_process"
 # "0": start each owner as a new interpreter instead of a fork of the zygote (as before
 # the zygote; bench.query_start's `spawn` arm measures against it).
 ZYGOTE_ENV = "SHARDLESS_OWNER_ZYGOTE"
-_spawned: dict[int, subprocess.Popen] = {}
 
 
 def start(
@@ -142,7 +146,7 @@ def start(
     env["PYTHONPATH"] = installed_pyspark.child_path()  # compiled PySpark, not its zip
     args = [address(local_dir, app, group), str(watch), str(idle_seconds)]
     if os.environ.get(ZYGOTE_ENV, "1") == "0":
-        return _spawn([sys.executable, "-m", _OWNER_MODULE, *args], env, logs)
+        return spawn_detached([sys.executable, "-m", _OWNER_MODULE, *args], env, logs).pid
     spawn = [sys.executable, "-m", _OWNER_MODULE, "zygote"]
     try:
         return zygote.fork(spawn, env, watch, idle_seconds, args, logs, timeout)
@@ -150,18 +154,9 @@ def start(
         raise OwnerError(f"group {group}'s owner process did not start because {exc}") from exc
 
 
-def _spawn(cmd: list[str], env: dict[str, str], logs: Path) -> int:
-    for pid, child in list(_spawned.items()):
-        if child.poll() is not None:
-            del _spawned[pid]
-    child = spawn_detached(cmd, env, logs)
-    _spawned[child.pid] = child
-    return child.pid
-
-
 def _exited(pid: int) -> bool:
     """Whether the owner `pid` has exited (a spawned one is this process's child)."""
-    child = _spawned.get(pid)
+    child = detached(pid)
     return child.poll() is not None if child is not None else not pid_alive(pid)
 
 

@@ -13,6 +13,7 @@ import os
 import socket
 import struct
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,11 +69,16 @@ def listening(name: str, what: str) -> socket.socket | None:
     return listener
 
 
+_detached: dict[int, subprocess.Popen] = {}  # helpers this process started, by pid
+_detached_lock = threading.Lock()  # helpers may be started from several threads at once
+
+
 def spawn_detached(cmd: list[str], env: dict[str, str], logs: Path) -> subprocess.Popen:
     """Start `cmd` in a session of its own, with stdin closed and its output appended to
-    `logs`: a helper process that outlives the Spark task that started it."""
+    `logs`: a helper process that outlives the Spark task that started it. It is kept for
+    `detached` until a later start finds it exited and reaps it."""
     with open(logs, "ab") as out:
-        return subprocess.Popen(
+        child = subprocess.Popen(
             cmd,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -81,6 +87,16 @@ def spawn_detached(cmd: list[str], env: dict[str, str], logs: Path) -> subproces
             start_new_session=True,
             close_fds=True,
         )
+    with _detached_lock:  # polling waits for an exited child, which lets other threads run
+        for pid in [pid for pid, c in _detached.items() if c.poll() is not None]:
+            del _detached[pid]
+        _detached[child.pid] = child
+    return child
+
+
+def detached(pid: int) -> subprocess.Popen | None:
+    """The helper `pid` if this process started it (`spawn_detached`) and has not reaped it."""
+    return _detached.get(pid)
 
 
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid

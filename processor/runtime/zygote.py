@@ -40,9 +40,6 @@ from shardless.processor.runtime.process import (
 
 log = logging.getLogger(__name__)
 
-_children: list[subprocess.Popen] = []  # the zygotes this process started, not yet reaped
-_children_lock = threading.Lock()  # requesters may start zygotes from several threads
-
 
 class ZygoteError(ProcessorError):
     """The zygote could not be started or did not fork the process asked for."""
@@ -73,11 +70,7 @@ def _connect(name: str) -> socket.socket:
 def _spawn(
     spawn: list[str], name: str, env: dict[str, str], watch: int, idle: float, logs: Path
 ) -> subprocess.Popen:
-    child = spawn_detached([*spawn, name, str(watch), str(idle)], env, logs)
-    with _children_lock:
-        _children[:] = [c for c in _children if c.poll() is None]
-        _children.append(child)
-    return child
+    return spawn_detached([*spawn, name, str(watch), str(idle)], env, logs)
 
 
 def fork(

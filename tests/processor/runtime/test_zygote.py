@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from shardless.processor.runtime import zygote
+from shardless.processor.runtime import process, zygote
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
@@ -70,7 +70,7 @@ def _gone(pid: int, within: float = 10.0) -> bool:
 def forked():
     """fork() with the test script; every child and zygote is killed afterwards."""
     pids: list[int] = []
-    started_before = set(zygote._children)
+    started_before = set(process._detached)
 
     def fork(log: Path, seconds: float = 30, env: dict | None = None, watch: int | None = None):
         pid = zygote.fork(
@@ -85,7 +85,7 @@ def forked():
         return pid
 
     yield fork
-    for pid in pids + [p.pid for p in set(zygote._children) - started_before]:
+    for pid in pids + list(set(process._detached) - started_before):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 
@@ -208,39 +208,3 @@ def test_a_requester_that_meets_a_zygote_going_away_waits_and_starts_one(
     thread.join()
     assert 1 <= len(hung_up) <= 12 and len(spawned) == 1  # 23 asked every 5 ms
     assert "zygote.serve" in Path(f"/proc/{_ppid(child)}/cmdline").read_text()
-
-
-def test_threads_starting_zygotes_at_once_keep_the_list_of_started_ones_whole(
-    tmp_path, monkeypatch
-):
-    """Requesters on several threads may start zygotes at once (four did in the test
-    above): each forgets the exited ones it finds and keeps its own, and none fails
-    because another thread forgot an exited one first (a `ValueError` escaped before)."""
-    # exited but not yet waited for: polling each waits for it, letting other threads run
-    exited = [subprocess.Popen(["true"]) for _ in range(40)]
-    for p in exited:
-        assert _gone(p.pid)
-    monkeypatch.setattr(zygote, "_children", list(exited))
-    quick = [sys.executable, "-c", "import sys"]  # exits at once, whatever its arguments
-    ready = threading.Barrier(8)
-    failed: list[BaseException] = []
-    started: list[subprocess.Popen] = []
-
-    def start(i: int) -> None:
-        ready.wait()
-        try:
-            started.append(zygote._spawn(quick, f"name-{i}", {}, 1, 1.0, tmp_path / f"{i}.log"))
-        except BaseException as exc:  # noqa: BLE001 - the test reports it below
-            failed.append(exc)
-
-    threads = [threading.Thread(target=start, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for p in started:
-        p.wait()
-    assert failed == []
-    assert len(started) == 8
-    assert not set(zygote._children) & set(exited)  # every exited one was forgotten
-    assert set(started) >= set(zygote._children)
