@@ -88,13 +88,36 @@ def observe_shards(records: DataFrame) -> DataFrame:
     oldest unread arrival observed as `SHARDS` (only the last record a shard gave in a batch
     carries them); returned without the source's own lag column (`UNREAD`), in the rows
     every source of the job gives (`SCHEMA`)."""
+    return records.observe(SHARDS, *shard_lag()).drop(UNREAD)
+
+
+def shard_lag() -> list[Column]:
+    """The aggregates `observe_shards` observes: `millis_behind_latest` and
+    `oldest_unread_arrival_ms`.
+
+    A shard is normally reported once a batch, but a read Spark runs again within the batch
+    (its executor lost after the read, with the shuffle files it wrote) reports it a second
+    time, and both reports reach the observation. Each shard keeps its largest lag:
+    `map_from_entries` alone failed on the repeated key (Spark's scheduler logged
+    DUPLICATED_MAP_KEY and the batch's lag was lost). The entries are sorted once, by shard
+    then lag, and the last of each shard's run kept: O(n log n) in the batch's shards."""
     entry = F.when(
         F.col("behind_ms").isNotNull(),
         F.struct(F.concat_ws("/", "stream", "shard").alias("shard"), F.col("behind_ms")),
     )
-    lag = F.map_from_entries(F.collect_list(entry))
+
+    def last_of_each_shard(entries: Column) -> Column:
+        return F.filter(
+            entries,
+            lambda e, i: (i == F.size(entries) - 1) | (entries[i + 1]["shard"] != e["shard"]),
+        )
+
+    # `transform` over a one-element array binds the sorted entries to a lambda variable,
+    # so the sort runs once rather than once per element the filter looks at.
+    sorted_once = F.transform(F.array(F.array_sort(F.collect_list(entry))), last_of_each_shard)
+    lag = F.map_from_entries(F.element_at(sorted_once, 1))
     oldest = F.min(UNREAD).alias("oldest_unread_arrival_ms")
-    return records.observe(SHARDS, lag.alias("millis_behind_latest"), oldest).drop(UNREAD)
+    return [lag.alias("millis_behind_latest"), oldest]
 
 
 def figures(observed: Mapping[str, Any]) -> dict[str, Any]:

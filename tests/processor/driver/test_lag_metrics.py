@@ -17,9 +17,10 @@ import pytest
 from shardless.processor.api.handlers import HandlerFactory
 from shardless.processor.driver import prometheus, recorder
 from shardless.processor.driver.job import parquet_sink, start
-from shardless.processor.driver.metrics import figures
+from shardless.processor.driver.metrics import figures, shard_lag
 from shardless.processor.kinesis.batch_log import BatchLog
 from shardless.processor.kinesis.client import kinesis_client
+from shardless.processor.kinesis.rows import UNREAD
 from shardless.processor.local import emulators as local_aws
 from tests.jobs import job_config
 from tests.processor.driver.test_progress_metrics import free_port, scrape
@@ -168,3 +169,30 @@ def test_a_shard_left_behind_by_the_bound_reports_millis_behind_latest_above_0(
     assert behind[2] == 0, "the last batch caught up"
     assert read[0]["oldest_unread_arrival_ms"] is not None
     assert read[2]["oldest_unread_arrival_ms"] is None
+
+
+def test_a_shard_reported_twice_in_a_batch_keeps_its_largest_lag(spark) -> None:
+    """A read that Spark runs again in the same batch (its executor was lost after the read
+    succeeded, so the shuffle files it wrote are gone) reports its shard a second time.
+    Both reports reach the batch's observation: each shard must appear once, with the
+    larger lag, not fail the observation (Spark logged DUPLICATED_MAP_KEY from its
+    scheduler and the batch's lag went missing, seen in `bench.latency` after each
+    executor kill)."""
+    rows = [
+        ("s", "shardId-1", 7, 250),
+        ("s", "shardId-0", 9, None),
+        ("s", "shardId-0", None, None),  # a record that is not its shard's last
+        ("s", "shardId-0", 4, 120),  # the same shard, from the read's second run
+        ("t", "shardId-0", 0, None),  # another stream's shard of the same name
+    ]
+    schema = f"stream string, shard string, behind_ms long, {UNREAD} long"
+    got = spark.createDataFrame(rows, schema).agg(*shard_lag()).first()
+    assert dict(got["millis_behind_latest"]) == {
+        "s/shardId-0": 9,
+        "s/shardId-1": 7,
+        "t/shardId-0": 0,
+    }
+    assert got["oldest_unread_arrival_ms"] == 120
+    empty = spark.createDataFrame([], schema).agg(*shard_lag()).first()
+    assert dict(empty["millis_behind_latest"]) == {}
+    assert empty["oldest_unread_arrival_ms"] is None
