@@ -107,10 +107,13 @@ def shard_lag() -> list[Column]:
     )
 
     def last_of_each_shard(entries: Column) -> Column:
-        return F.filter(
-            entries,
-            lambda e, i: (i == F.size(entries) - 1) | (entries[i + 1]["shard"] != e["shard"]),
-        )
+        # The next entry by `try_element_at` (1-based), null past the end where ANSI mode's
+        # `entries[i + 1]` would raise, whichever of the two tests Spark evaluates first.
+        def kept(e: Column, i: Column) -> Column:
+            following = F.try_element_at(entries, i + 2)
+            return (i == F.size(entries) - 1) | (following["shard"] != e["shard"])
+
+        return F.filter(entries, kept)
 
     # `transform` over a one-element array binds the sorted entries to a lambda variable,
     # so the sort runs once rather than once per element the filter looks at.
