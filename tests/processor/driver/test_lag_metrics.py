@@ -176,8 +176,8 @@ def test_a_shard_reported_twice_in_a_batch_keeps_its_largest_lag(spark) -> None:
     succeeded, so the shuffle files it wrote are gone) reports its shard a second time.
     Both reports reach the batch's observation: each shard must appear once, with the
     larger lag, not fail the observation (Spark logged DUPLICATED_MAP_KEY from its
-    scheduler and the batch's lag went missing, seen in `bench.latency` after each
-    executor kill)."""
+    scheduler and the batch's lag went missing, seen in `bench.latency` after an executor
+    kill that met a running batch)."""
     rows = [
         ("s", "shardId-1", 7, 250),
         ("s", "shardId-0", 9, None),
